@@ -1,0 +1,351 @@
+//! Engine configuration: builder methods and `FOLIOSWAP_*` environment variables.
+//!
+//! Every knob has one name used three ways: the builder method (`memory_high`), the
+//! environment variable (`FOLIOSWAP_MEMORY_HIGH`) and the key in `Engine::stats()`'s
+//! `config` section. A value that does not parse fails with an error naming the variable,
+//! the value and what is accepted; an unknown `FOLIOSWAP_*` variable fails too, so that a
+//! typo never silently runs with defaults.
+
+use crate::error::{Error, Result};
+use crate::size::{format_bytes, parse_bytes, FolioSize, PoolLimit};
+use serde::Serialize;
+use std::fmt;
+use std::str::FromStr;
+
+/// How a compressed folio is encoded in the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase", tag = "name")]
+pub enum Compressor {
+    Lz4,
+    Zstd { level: i32 },
+    /// Stores folios uncompressed: for tests and to measure the cost of compression.
+    None,
+}
+
+impl Compressor {
+    pub const ACCEPTED: &'static str = "lz4, zstd, zstd:LEVEL (1-19) or none";
+    pub const ZSTD_DEFAULT_LEVEL: i32 = 3;
+}
+
+impl fmt::Display for Compressor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Compressor::Lz4 => f.write_str("lz4"),
+            Compressor::Zstd { level } => write!(f, "zstd:{level}"),
+            Compressor::None => f.write_str("none"),
+        }
+    }
+}
+
+impl FromStr for Compressor {
+    type Err = ();
+    fn from_str(s: &str) -> std::result::Result<Self, ()> {
+        let s = s.trim().to_ascii_lowercase();
+        match s.as_str() {
+            "lz4" => Ok(Compressor::Lz4),
+            "none" => Ok(Compressor::None),
+            "zstd" => Ok(Compressor::Zstd { level: Self::ZSTD_DEFAULT_LEVEL }),
+            _ => {
+                let level = s.strip_prefix("zstd:").or_else(|| s.strip_prefix("zstd-")).ok_or(())?;
+                let level: i32 = level.parse().map_err(|_| ())?;
+                if (1..=19).contains(&level) {
+                    Ok(Compressor::Zstd { level })
+                } else {
+                    Err(())
+                }
+            }
+        }
+    }
+}
+
+/// Who serves a fault on managed memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FaultMode {
+    /// Dedicated fault threads read the userfaultfd (one per CPU). Works for every access,
+    /// including the kernel's own (`read(2)` into managed memory, futexes, O_DIRECT).
+    Thread,
+    /// The faulting thread serves its own fault from a SIGBUS handler
+    /// (`UFFD_FEATURE_SIGBUS`): no wake-up between CPUs, so small folios fault several
+    /// times faster. Accesses made by the kernel on the program's behalf then fail with
+    /// EFAULT instead of faulting, so use it only for memory the program touches itself.
+    Signal,
+}
+
+impl FaultMode {
+    pub const ACCEPTED: &'static str = "thread or signal";
+}
+
+impl fmt::Display for FaultMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FaultMode::Thread => "thread",
+            FaultMode::Signal => "signal",
+        })
+    }
+}
+
+impl FromStr for FaultMode {
+    type Err = ();
+    fn from_str(s: &str) -> std::result::Result<Self, ()> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "thread" => Ok(FaultMode::Thread),
+            "signal" => Ok(FaultMode::Signal),
+            _ => Err(()),
+        }
+    }
+}
+
+/// The engine's configuration. Start from [`Config::default`] or [`Config::from_env`] and
+/// refine with the builder methods.
+#[derive(Clone, Debug, Serialize)]
+pub struct Config {
+    /// Resident managed bytes (plus pool bytes with `charge_pool`) the engine keeps under,
+    /// as cgroup v2's memory.high. `None` is "max": no limit, nothing is swapped.
+    pub memory_high: Option<u64>,
+    /// Cap of the compressed pool, as zswap's `max_pool_percent`.
+    #[serde(serialize_with = "serialize_display")]
+    pub max_pool: PoolLimit,
+    /// Count pool bytes against `memory_high` too (cgroup v2 charges zswap to the memcg).
+    pub charge_pool: bool,
+    /// Default folio size of new regions.
+    #[serde(serialize_with = "serialize_display")]
+    pub folio_size: FolioSize,
+    pub compressor: Compressor,
+    /// Swap large folios out and in as independent 4 KiB pages, as the kernel did before
+    /// THP swap (seed 000's "before"): the baseline every benchmark compares against.
+    pub split_swap: bool,
+    pub fault_mode: FaultMode,
+    /// Fault threads in thread mode; 0 means one per CPU.
+    pub fault_threads: usize,
+    /// Background reclaim (kswapd) threads, which also compress; 0 means one per CPU.
+    pub reclaim_threads: usize,
+}
+
+fn serialize_display<T: fmt::Display, S: serde::Serializer>(v: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            memory_high: None,
+            max_pool: PoolLimit::Percent(20.0),
+            charge_pool: false,
+            folio_size: FolioSize::M2,
+            compressor: Compressor::Lz4,
+            split_swap: false,
+            fault_mode: FaultMode::Thread,
+            fault_threads: 0,
+            reclaim_threads: 0,
+        }
+    }
+}
+
+/// The environment variables [`Config::from_env`] reads, with what each accepts.
+pub const ENV_VARS: &[(&str, &str)] = &[
+    ("FOLIOSWAP_MEMORY_HIGH", "a size like 512M or 4G, or max"),
+    ("FOLIOSWAP_MAX_POOL", "a size like 256M or a percentage of RAM like 20%"),
+    ("FOLIOSWAP_CHARGE_POOL", "1/0, true/false, yes/no or on/off"),
+    ("FOLIOSWAP_FOLIO_SIZE", FolioSize::ACCEPTED),
+    ("FOLIOSWAP_COMPRESSOR", Compressor::ACCEPTED),
+    ("FOLIOSWAP_SPLIT_SWAP", "1/0, true/false, yes/no or on/off"),
+    ("FOLIOSWAP_FAULT_MODE", FaultMode::ACCEPTED),
+    ("FOLIOSWAP_FAULT_THREADS", "a thread count, 0 for one per CPU"),
+    ("FOLIOSWAP_RECLAIM_THREADS", "a thread count, 0 for one per CPU"),
+];
+
+fn accepted(var: &str) -> &'static str {
+    ENV_VARS.iter().find(|(name, _)| *name == var).map(|(_, a)| *a).unwrap_or("a valid value")
+}
+
+fn parse_bool(var: &str, value: &str) -> Result<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(Error::config(var, value, accepted("FOLIOSWAP_CHARGE_POOL"))),
+    }
+}
+
+fn parse_threads(var: &str, value: &str) -> Result<usize> {
+    value
+        .trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| n <= 1024)
+        .ok_or_else(|| Error::config(var, value, "a thread count from 0 (one per CPU) to 1024"))
+}
+
+impl Config {
+    /// Defaults overridden by every `FOLIOSWAP_*` variable that is set.
+    pub fn from_env() -> Result<Config> {
+        Self::from_vars(std::env::vars())
+    }
+
+    /// As [`Config::from_env`], from an explicit list of variables (for tests and launchers).
+    pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Config> {
+        let mut config = Config::default();
+        for (name, value) in vars {
+            if !name.starts_with("FOLIOSWAP_") {
+                continue;
+            }
+            config = config.set(&name, &value)?;
+        }
+        Ok(config)
+    }
+
+    /// Set one knob by its environment variable name.
+    pub fn set(self, var: &str, value: &str) -> Result<Config> {
+        let config = match var {
+            "FOLIOSWAP_MEMORY_HIGH" => self.parse_memory_high(var, value)?,
+            "FOLIOSWAP_MAX_POOL" => self.parse_max_pool(var, value)?,
+            "FOLIOSWAP_CHARGE_POOL" => self.charge_pool(parse_bool(var, value)?),
+            "FOLIOSWAP_FOLIO_SIZE" => self.parse_folio_size(var, value)?,
+            "FOLIOSWAP_COMPRESSOR" => self.parse_compressor(var, value)?,
+            "FOLIOSWAP_SPLIT_SWAP" => self.split_swap(parse_bool(var, value)?),
+            "FOLIOSWAP_FAULT_MODE" => {
+                let mode = value.parse().map_err(|_| Error::config(var, value, FaultMode::ACCEPTED))?;
+                self.fault_mode(mode)
+            }
+            "FOLIOSWAP_FAULT_THREADS" => self.fault_threads(parse_threads(var, value)?),
+            "FOLIOSWAP_RECLAIM_THREADS" => self.reclaim_threads(parse_threads(var, value)?),
+            _ => {
+                let known: Vec<&str> = ENV_VARS.iter().map(|(n, _)| *n).collect();
+                return Err(Error::config(var, value, format!("a known variable: {}", known.join(", "))));
+            }
+        };
+        Ok(config)
+    }
+
+    fn parse_memory_high(mut self, var: &str, value: &str) -> Result<Config> {
+        if value.trim().eq_ignore_ascii_case("max") {
+            self.memory_high = None;
+            return Ok(self);
+        }
+        let bytes = parse_bytes(value).map_err(|e| Error::config(var, value, format!("{} ({})", accepted("FOLIOSWAP_MEMORY_HIGH"), e.reason)))?;
+        if bytes < Self::MIN_MEMORY_HIGH {
+            return Err(Error::config(var, value, format!("at least {}", format_bytes(Self::MIN_MEMORY_HIGH))));
+        }
+        self.memory_high = Some(bytes);
+        Ok(self)
+    }
+
+    fn parse_max_pool(mut self, var: &str, value: &str) -> Result<Config> {
+        self.max_pool = value.parse().map_err(|e: crate::size::SizeError| Error::config(var, value, format!("{} ({})", accepted("FOLIOSWAP_MAX_POOL"), e.reason)))?;
+        Ok(self)
+    }
+
+    fn parse_folio_size(mut self, var: &str, value: &str) -> Result<Config> {
+        self.folio_size = value.parse().map_err(|_| Error::config(var, value, FolioSize::ACCEPTED))?;
+        Ok(self)
+    }
+
+    fn parse_compressor(mut self, var: &str, value: &str) -> Result<Config> {
+        self.compressor = value.parse().map_err(|_| Error::config(var, value, Compressor::ACCEPTED))?;
+        Ok(self)
+    }
+
+    /// The smallest `memory_high` accepted: room for a few 2 MiB folios in flight.
+    pub const MIN_MEMORY_HIGH: u64 = 8 << 20;
+
+    /// `"512M"`, `"4G"` or `"max"`.
+    pub fn memory_high(self, value: &str) -> Result<Config> {
+        self.parse_memory_high("memory_high", value)
+    }
+    pub fn memory_high_bytes(self, bytes: u64) -> Result<Config> {
+        self.parse_memory_high("memory_high", &bytes.to_string())
+    }
+    /// `"256M"` or `"20%"`.
+    pub fn max_pool(self, value: &str) -> Result<Config> {
+        self.parse_max_pool("max_pool", value)
+    }
+    pub fn charge_pool(mut self, on: bool) -> Config {
+        self.charge_pool = on;
+        self
+    }
+    /// `"4K"` … `"2M"`.
+    pub fn folio_size(self, value: &str) -> Result<Config> {
+        self.parse_folio_size("folio_size", value)
+    }
+    /// `"lz4"`, `"zstd"`, `"zstd:5"` or `"none"`.
+    pub fn compressor(self, value: &str) -> Result<Config> {
+        self.parse_compressor("compressor", value)
+    }
+    pub fn split_swap(mut self, on: bool) -> Config {
+        self.split_swap = on;
+        self
+    }
+    pub fn fault_mode(mut self, mode: FaultMode) -> Config {
+        self.fault_mode = mode;
+        self
+    }
+    pub fn fault_threads(mut self, n: usize) -> Config {
+        self.fault_threads = n;
+        self
+    }
+    pub fn reclaim_threads(mut self, n: usize) -> Config {
+        self.reclaim_threads = n;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+    }
+
+    #[test]
+    fn reads_every_variable() {
+        let c = Config::from_vars(vars(&[
+            ("FOLIOSWAP_MEMORY_HIGH", "512M"),
+            ("FOLIOSWAP_MAX_POOL", "25%"),
+            ("FOLIOSWAP_CHARGE_POOL", "yes"),
+            ("FOLIOSWAP_FOLIO_SIZE", "64K"),
+            ("FOLIOSWAP_COMPRESSOR", "zstd:7"),
+            ("FOLIOSWAP_SPLIT_SWAP", "1"),
+            ("FOLIOSWAP_FAULT_MODE", "signal"),
+            ("FOLIOSWAP_FAULT_THREADS", "3"),
+            ("FOLIOSWAP_RECLAIM_THREADS", "0"),
+            ("PATH", "/usr/bin"),
+        ]))
+        .unwrap();
+        assert_eq!(c.memory_high, Some(512 << 20));
+        assert_eq!(c.max_pool, PoolLimit::Percent(25.0));
+        assert!(c.charge_pool && c.split_swap);
+        assert_eq!(c.folio_size, FolioSize::K64);
+        assert_eq!(c.compressor, Compressor::Zstd { level: 7 });
+        assert_eq!(c.fault_mode, FaultMode::Signal);
+        assert_eq!(c.fault_threads, 3);
+    }
+
+    #[test]
+    fn bad_values_name_variable_value_and_accepted() {
+        for (var, value, needle) in [
+            ("FOLIOSWAP_MEMORY_HIGH", "lots", "512M"),
+            ("FOLIOSWAP_MEMORY_HIGH", "1M", "at least 8M"),
+            ("FOLIOSWAP_MAX_POOL", "120%", "percentage"),
+            ("FOLIOSWAP_CHARGE_POOL", "maybe", "true/false"),
+            ("FOLIOSWAP_FOLIO_SIZE", "3K", "64K"),
+            ("FOLIOSWAP_COMPRESSOR", "gzip", "zstd:LEVEL"),
+            ("FOLIOSWAP_COMPRESSOR", "zstd:40", "zstd:LEVEL"),
+            ("FOLIOSWAP_FAULT_MODE", "fast", "thread or signal"),
+            ("FOLIOSWAP_FAULT_THREADS", "-1", "thread count"),
+            ("FOLIOSWAP_MEMORY_HGIH", "1G", "FOLIOSWAP_MEMORY_HIGH"),
+        ] {
+            let err = Config::from_vars(vars(&[(var, value)])).unwrap_err().to_string();
+            assert!(err.contains(var) && err.contains(value) && err.contains(needle), "{err}");
+        }
+    }
+
+    #[test]
+    fn builder_errors_name_the_method() {
+        let err = Config::default().memory_high("12 apples").unwrap_err().to_string();
+        assert!(err.starts_with("memory_high=\"12 apples\""), "{err}");
+        let err = Config::default().folio_size("5M").unwrap_err().to_string();
+        assert!(err.starts_with("folio_size="), "{err}");
+        assert_eq!(Config::default().memory_high("max").unwrap().memory_high, None);
+    }
+}

@@ -1,0 +1,460 @@
+//! Reclaim: the LRU of resident folios, the background reclaimers (kswapd) and direct
+//! reclaim in the fault path, with memory.high semantics (see `memcg.rs`).
+//!
+//! Coldness is fault order: a folio joins the LRU's tail when it is installed and is
+//! evicted from the head. Without accessed bits (this kernel has no idle page tracking
+//! and async write-protect would split THP mappings on the first write) fault order is
+//! what user space can see cheaply; for the sequential and random patterns of the
+//! benchmarks it *is* LRU order, since every folio is touched once per pass.
+//!
+//! Evicting a folio (`shrink_folio`): lock it, MOVE it out of the region into a staging
+//! hole (atomic: from that instant an access faults and waits on the lock), mark it
+//! SwapCache+WRITEBACK and unlock, compress it into the pool without any lock, then lock
+//! again and publish the result, unless a fault wanted the folio back meanwhile (then the
+//! work is dropped and the fault moves the folio straight back). A folio the pool cannot
+//! take is moved back into place: no data is ever dropped for lack of room.
+
+use crate::engine::Shared;
+use crate::folio::{Kind, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
+use crate::memcg::Component;
+use crate::region::FolioTable;
+use crate::size::{FolioSize, PAGE_SIZE};
+use crate::staging::Slot;
+use crate::zswap::{CodecScratch, StoreError, Stored};
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+pub(crate) struct LruEntry {
+    table: Arc<FolioTable>,
+    page: usize,
+    order: u8,
+    gen: u16,
+}
+
+#[derive(Default)]
+pub(crate) struct Lru {
+    list: Mutex<VecDeque<LruEntry>>,
+}
+
+impl Lru {
+    pub fn push(&self, table: Arc<FolioTable>, page: usize, folio: FolioSize, gen: u16) {
+        self.list.lock().unwrap().push_back(LruEntry { table, page, order: folio.order() as u8, gen });
+    }
+    fn push_entry(&self, entry: LruEntry) {
+        self.list.lock().unwrap().push_back(entry);
+    }
+    fn pop(&self) -> Option<LruEntry> {
+        self.list.lock().unwrap().pop_front()
+    }
+    fn len(&self) -> usize {
+        self.list.lock().unwrap().len()
+    }
+}
+
+/// Coordination between faults and reclaimers.
+#[derive(Default)]
+pub(crate) struct ReclaimCtl {
+    sleep: Mutex<u64>,
+    wake: Condvar,
+    sleeping: AtomicUsize,
+    progress: Mutex<u64>,
+    progress_cv: Condvar,
+    /// Folios being compressed now.
+    inflight: AtomicU64,
+    /// Uncompressed bytes of the folios in the pool.
+    pub pool_folio_bytes: AtomicU64,
+    /// The pool refused a store; stop trying until it has room again.
+    pool_full: AtomicBool,
+}
+
+impl ReclaimCtl {
+    pub fn wake_one(&self) {
+        if self.sleeping.load(Ordering::Relaxed) > 0 {
+            *self.sleep.lock().unwrap() += 1;
+            self.wake.notify_one();
+        }
+    }
+    pub fn wake_all(&self) {
+        *self.sleep.lock().unwrap() += 1;
+        self.wake.notify_all();
+    }
+    fn sleep(&self, timeout: Duration) {
+        let guard = self.sleep.lock().unwrap();
+        self.sleeping.fetch_add(1, Ordering::Relaxed);
+        let _ = self.wake.wait_timeout(guard, timeout).unwrap();
+        self.sleeping.fetch_sub(1, Ordering::Relaxed);
+    }
+    pub fn notify_progress(&self) {
+        *self.progress.lock().unwrap() += 1;
+        self.progress_cv.notify_all();
+    }
+    /// Wait for a compression in flight to finish. False if none is in flight.
+    pub fn wait_for_progress(&self) -> bool {
+        let guard = self.progress.lock().unwrap();
+        if self.inflight.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let seen = *guard;
+        let _ = self.progress_cv.wait_timeout_while(guard, Duration::from_millis(50), |p| *p == seen).unwrap();
+        true
+    }
+}
+
+/// What one reclaim attempt achieved.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Reclaimed {
+    /// A folio left memory.
+    Freed,
+    /// Every candidate was busy (locked, or wanted back by a fault).
+    Busy,
+    /// Nothing resident to evict.
+    Nothing,
+    /// The pool is full and there is nowhere else to put folios.
+    PoolFull,
+}
+
+thread_local! {
+    static DIRECT_SCRATCH: RefCell<CodecScratch> = RefCell::new(CodecScratch::new());
+}
+
+/// A background reclaimer: sleeps under the high watermark, evicts down to the low one.
+pub(crate) fn kswapd(shared: Arc<Shared>) {
+    let mut scratch = CodecScratch::new();
+    while !shared.stop.load(Ordering::Acquire) {
+        if !shared.memcg.above_high(shared.zswap.pool.footprint_bytes()) {
+            shared.reclaim.sleep(Duration::from_millis(200));
+            continue;
+        }
+        while !shared.stop.load(Ordering::Acquire) && shared.memcg.above_low(shared.zswap.pool.footprint_bytes()) {
+            match shared.shrink_one(&mut scratch, false) {
+                Reclaimed::Freed => {}
+                Reclaimed::Busy => std::thread::yield_now(),
+                Reclaimed::Nothing | Reclaimed::PoolFull => {
+                    shared.reclaim.sleep(Duration::from_millis(10));
+                    break;
+                }
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Direct reclaim from the fault path: evict one folio in the faulting context.
+    /// Returns whether it is worth trying to charge again.
+    pub(crate) fn reclaim_direct(&self) -> bool {
+        let result = DIRECT_SCRATCH.with(|s| match s.try_borrow_mut() {
+            Ok(mut scratch) => self.shrink_one(&mut scratch, true),
+            Err(_) => Reclaimed::Busy,
+        });
+        match result {
+            Reclaimed::Freed => true,
+            Reclaimed::Busy => {
+                std::thread::sleep(Duration::from_micros(200));
+                true
+            }
+            Reclaimed::Nothing | Reclaimed::PoolFull => false,
+        }
+    }
+
+    fn pool_has_room(&self, bytes: u64) -> bool {
+        let pool = &self.zswap.pool;
+        if !self.reclaim.pool_full.load(Ordering::Relaxed) {
+            return true;
+        }
+        if pool.footprint_bytes() + bytes <= pool.cap() {
+            self.reclaim.pool_full.store(false, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+
+    /// Take the coldest evictable folio off the LRU, locked.
+    fn pick_victim(&self) -> Result<(LruEntry, crate::folio::State), Reclaimed> {
+        let mut budget = self.lru.len();
+        let mut busy = false;
+        while budget > 0 {
+            budget -= 1;
+            let Some(v) = self.lru.pop() else { break };
+            if v.table.dead.load(Ordering::Relaxed) {
+                continue;
+            }
+            let e = v.table.entry(v.page);
+            let Some(s) = e.try_lock() else {
+                self.lru.push_entry(v);
+                busy = true;
+                continue;
+            };
+            let current = s.kind() == Kind::Resident && s.gen() == v.gen && (v.order == 0 || !s.has(SPLIT));
+            if current && !s.has(PENDING) {
+                return Ok((v, s));
+            }
+            e.unlock();
+            if current {
+                // An event is about to change it; look again later.
+                self.lru.push_entry(v);
+                busy = true;
+            }
+        }
+        Err(if busy { Reclaimed::Busy } else { Reclaimed::Nothing })
+    }
+
+    /// Evict one folio: `shrink_folio_list` for a list of one.
+    pub(crate) fn shrink_one(&self, scratch: &mut CodecScratch, direct: bool) -> Reclaimed {
+        let (victim, s) = match self.pick_victim() {
+            Ok(v) => v,
+            Err(r) => return r,
+        };
+        let table = &victim.table;
+        let head = victim.page;
+        let folio = FolioSize::from_order(victim.order as u32).expect("valid order");
+        let e = table.entry(head);
+        if !self.pool_has_room(folio.bytes() as u64 / 2) {
+            e.unlock();
+            self.lru.push_entry(victim);
+            return Reclaimed::PoolFull;
+        }
+        let slot = match self.staging.take_hole(folio.order(), &self.memcg) {
+            Ok(slot) => slot,
+            Err(err) => {
+                e.unlock();
+                self.lru.push_entry(victim);
+                eprintln!("folioswap: no staging for eviction: {err}");
+                return Reclaimed::Nothing;
+            }
+        };
+        if let Err(again) = self.move_out(table, head, folio, slot) {
+            e.unlock();
+            self.staging.put_hole(slot);
+            if again {
+                self.lru.push_entry(victim);
+            }
+            return Reclaimed::Busy;
+        }
+        let huge = folio.is_huge() && s.has(HUGE);
+        e.set_handle(slot.to_raw());
+        e.set_locked(s.with_kind(Kind::SwapCache).with(WRITEBACK, true));
+        self.memcg.transfer(Component::Resident, Component::SwapCache, folio.bytes() as u64);
+        self.reclaim.inflight.fetch_add(1, Ordering::AcqRel);
+        e.unlock();
+
+        let result = self.compress_evicted(slot, folio, scratch);
+        let freed = self.finish_eviction(&victim, folio, slot, huge, result, direct);
+        self.reclaim.inflight.fetch_sub(1, Ordering::AcqRel);
+        self.reclaim.notify_progress();
+        freed
+    }
+
+    /// MOVE the folio out of its region into `slot`, under the gate. Err(true): try again
+    /// later; Err(false): the folio is gone from the address space.
+    fn move_out(&self, table: &FolioTable, head: usize, folio: FolioSize, slot: Slot) -> Result<(), bool> {
+        let _gate = self.gate.read().unwrap();
+        if table.entry(head).load().has(PENDING) {
+            return Err(true);
+        }
+        let Some(addr) = table.folio_addr(head, folio.pages()) else {
+            return Err(true);
+        };
+        let dst = self.staging.addr(slot);
+        let len = folio.bytes();
+        let mut done = 0;
+        loop {
+            match self.staging.uffd().move_pages(dst + done, addr + done, len - done, false) {
+                Ok(()) => return Ok(()),
+                Err(err) if err.is(libc::EBUSY) || err.is(libc::EAGAIN) => {
+                    done += err.done;
+                    std::thread::yield_now();
+                }
+                Err(err) => {
+                    done += err.done;
+                    eprintln!("folioswap: evicting {len} bytes at {addr:#x} failed: {err}");
+                    if done > 0 {
+                        // Put back what moved, so the folio stays whole where it was.
+                        let _ = self.uffd.move_pages(addr, dst, done, true);
+                    }
+                    return Err(false);
+                }
+            }
+        }
+    }
+
+    /// Compress the folio in `slot`: whole, or (split mode) as independent 4 KiB pages.
+    fn compress_evicted(&self, slot: Slot, folio: FolioSize, scratch: &mut CodecScratch) -> Result<Vec<Stored>, StoreError> {
+        // SAFETY: the folio is SwapCache+WRITEBACK with this slot: nothing moves its pages
+        // away or writes them until finish_eviction takes the lock again.
+        let data: &[u8] = unsafe { self.staging.slice_mut(slot) };
+        if !(self.config.split_swap && folio.order() > 0) {
+            return self.zswap.zswap_store(data, scratch).map(|s| vec![s]);
+        }
+        let mut stored = Vec::with_capacity(folio.pages());
+        for page in data.chunks(PAGE_SIZE) {
+            match self.zswap.zswap_store(page, scratch) {
+                Ok(s) => stored.push(s),
+                Err(err) => {
+                    self.free_stored(&stored);
+                    return Err(err);
+                }
+            }
+        }
+        Ok(stored)
+    }
+
+    fn free_stored(&self, stored: &[Stored]) {
+        for s in stored {
+            if let Stored::Entry { handle, .. } = s {
+                self.zswap.free(*handle);
+            }
+        }
+    }
+
+    /// Publish an eviction's result under the folio lock.
+    fn finish_eviction(
+        &self,
+        victim: &LruEntry,
+        folio: FolioSize,
+        slot: Slot,
+        huge: bool,
+        result: Result<Vec<Stored>, StoreError>,
+        direct: bool,
+    ) -> Reclaimed {
+        let table = &victim.table;
+        let head = victim.page;
+        let e = table.entry(head);
+        let bytes = folio.bytes() as u64;
+        let s = e.lock();
+        let ours = s.kind() == Kind::SwapCache && s.has(WRITEBACK) && e.handle() == slot.to_raw();
+        if !ours {
+            // Discarded (REMOVE/UNMAP/drop) while we compressed: the slot and its charge
+            // are ours to release.
+            e.unlock();
+            if let Ok(stored) = &result {
+                self.free_stored(stored);
+            }
+            self.memcg.uncharge(Component::SwapCache, bytes);
+            self.staging.put_filled(slot, huge, &self.memcg);
+            return Reclaimed::Freed;
+        }
+        if s.has(WANTED) {
+            if let Ok(stored) = &result {
+                self.free_stored(stored);
+            }
+            e.set_locked(s.with(WRITEBACK, false));
+            e.clear_locked(WANTED);
+            e.unlock();
+            return Reclaimed::Busy;
+        }
+        let stored = match result {
+            Ok(stored) => stored,
+            Err(StoreError::Full) => {
+                self.counters.vm.zswap_pool_limit_hit.inc();
+                self.reclaim.pool_full.store(true, Ordering::Relaxed);
+                self.put_back(table, head, folio, slot, huge);
+                e.unlock();
+                return Reclaimed::PoolFull;
+            }
+        };
+        let vm = &self.counters.vm;
+        if stored.len() == 1 {
+            let next = match stored[0] {
+                Stored::Zero => {
+                    vm.zswap_same_filled.inc();
+                    e.set_handle(0);
+                    s.with_kind(Kind::ZeroSwapped)
+                }
+                Stored::Entry { handle, compressed_len } => {
+                    if compressed_len == folio.bytes() {
+                        vm.zswap_stored_raw.inc();
+                    }
+                    self.reclaim.pool_folio_bytes.fetch_add(bytes, Ordering::Relaxed);
+                    e.set_handle(handle.to_raw());
+                    s.with_kind(Kind::Pool)
+                }
+            };
+            e.set_locked(next.with(WRITEBACK, false).with(HUGE, false));
+            self.counters.size(folio).zswpout.inc();
+        } else {
+            self.publish_split(table, head, folio, &stored);
+        }
+        vm.zswpout.add(folio.pages() as u64);
+        if direct {
+            vm.pgsteal_direct.add(folio.pages() as u64);
+        } else {
+            vm.pgsteal_kswapd.add(folio.pages() as u64);
+        }
+        if e.load().has(PENDING) {
+            if let Err(crate::events::ApplyError::Failed(msg)) = self.apply_pending_locked(table, head, folio) {
+                eprintln!("folioswap: applying an event after eviction: {msg}");
+            }
+        }
+        e.unlock();
+        self.memcg.uncharge(Component::SwapCache, bytes);
+        self.staging.put_filled(slot, huge, &self.memcg);
+        Reclaimed::Freed
+    }
+
+    /// Split mode: the folio went out as 4 KiB pages; each page becomes an order-0 folio.
+    /// Done under the gate so that no event is marked against the unsplit folio meanwhile.
+    fn publish_split(&self, table: &FolioTable, head: usize, folio: FolioSize, stored: &[Stored]) {
+        let _gate = self.gate.read().unwrap();
+        let e = table.entry(head);
+        let pending = e.load().has(PENDING);
+        let vm = &self.counters.vm;
+        let k4 = self.counters.size(FolioSize::K4);
+        for (i, st) in stored.iter().enumerate() {
+            let pe = table.entry(head + i);
+            let ps = if i == 0 { pe.load() } else { pe.lock() };
+            let kind = match st {
+                Stored::Zero => {
+                    vm.zswap_same_filled.inc();
+                    pe.set_handle(0);
+                    Kind::ZeroSwapped
+                }
+                Stored::Entry { handle, .. } => {
+                    self.reclaim.pool_folio_bytes.fetch_add(PAGE_SIZE as u64, Ordering::Relaxed);
+                    pe.set_handle(handle.to_raw());
+                    Kind::Pool
+                }
+            };
+            k4.zswpout.inc();
+            pe.set_locked(ps.with_kind(kind).with(WRITEBACK, false).with(HUGE, false));
+            if pending {
+                pe.set_flag(PENDING);
+            }
+            if i != 0 {
+                pe.unlock();
+            }
+        }
+        e.set_locked(e.load().with(SPLIT, true));
+        let sc = self.counters.size(folio);
+        sc.split.inc();
+        sc.swpout_fallback.inc();
+        if folio.is_huge() {
+            vm.thp_swpout_fallback.inc();
+            vm.thp_split_page.inc();
+        }
+    }
+
+    /// The pool refused the folio: move it back into place, resident again.
+    fn put_back(&self, table: &Arc<FolioTable>, head: usize, folio: FolioSize, slot: Slot, huge: bool) {
+        let e = table.entry(head);
+        let s = e.load();
+        match self.install_slot(table, head, folio, slot) {
+            Ok(()) => {
+                self.memcg.transfer(Component::SwapCache, Component::Resident, folio.bytes() as u64);
+                self.staging.put_hole(slot);
+                let next = e.set_locked(s.with_kind(Kind::Resident).with(WRITEBACK, false).with(HUGE, huge).next_gen());
+                self.lru.push(table.clone(), head, folio, next.gen());
+            }
+            Err(_) => {
+                // An event or unmap got there first: leave it in the swap cache, where the
+                // event (or the next fault) finds it.
+                e.set_locked(s.with(WRITEBACK, false));
+                if e.load().has(PENDING) {
+                    let _ = self.apply_pending_locked(table, head, folio);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! Sizes as people write them: folio sizes (`4K` … `2M`), byte counts (`512M`, `4G`) and
+//! pool limits (`256M` or `20%` of physical memory, as zswap's `max_pool_percent`).
+//!
+//! Suffixes are binary (K = 1024), case-insensitive, and may carry `B`, `iB`: `64K`, `64k`,
+//! `64KB`, `64KiB` and `65536` are the same size.
+
+use std::fmt;
+use std::str::FromStr;
+
+pub const PAGE_SIZE: usize = 4096;
+pub const PAGE_SHIFT: u32 = 12;
+/// The PMD size on x86-64: the one folio size the kernel maps as a huge page.
+pub const HUGE_SIZE: usize = 2 << 20;
+
+/// A size string that could not be parsed, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SizeError {
+    pub input: String,
+    pub reason: String,
+}
+
+impl fmt::Display for SizeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.input, self.reason)
+    }
+}
+
+impl std::error::Error for SizeError {}
+
+fn size_error(input: &str, reason: impl Into<String>) -> SizeError {
+    SizeError { input: input.to_string(), reason: reason.into() }
+}
+
+/// Parse a byte count: digits with an optional fraction and an optional binary suffix
+/// (`K`, `M`, `G`, `T`, each optionally followed by `B` or `iB`; a bare `B` means bytes).
+pub fn parse_bytes(input: &str) -> Result<u64, SizeError> {
+    let s = input.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (number, suffix) = s.split_at(split);
+    if number.is_empty() || number.chars().filter(|&c| c == '.').count() > 1 || number.ends_with('.') {
+        return Err(size_error(input, "expected a number with an optional K/M/G/T suffix, like 512M"));
+    }
+    let shift = match suffix.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(size_error(input, "unknown suffix; use K, M, G or T (powers of 1024)")),
+    };
+    let too_big = || size_error(input, "too large");
+    match number.split_once('.') {
+        None => {
+            let n: u64 = number.parse().map_err(|_| too_big())?;
+            n.checked_mul(1u64 << shift).ok_or_else(too_big)
+        }
+        Some((whole, frac)) => {
+            let whole: u64 = whole.parse().unwrap_or(0);
+            let frac_digits = frac.len().min(9) as u32;
+            let frac_val: u64 = frac[..frac_digits as usize].parse().map_err(|_| too_big())?;
+            let unit = 1u128 << shift;
+            let bytes = whole as u128 * unit + frac_val as u128 * unit / 10u128.pow(frac_digits);
+            u64::try_from(bytes).map_err(|_| too_big())
+        }
+    }
+}
+
+/// Format a byte count the way [`parse_bytes`] reads it back, exactly when possible.
+pub fn format_bytes(bytes: u64) -> String {
+    for (shift, suffix) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{}{}", bytes >> shift, suffix);
+        }
+    }
+    for (shift, suffix) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if bytes >= 1 << shift {
+            return format!("{:.1}{}", bytes as f64 / (1u64 << shift) as f64, suffix);
+        }
+    }
+    format!("{bytes}B")
+}
+
+/// One of the ten folio sizes the engine swaps as a unit: 4 KiB << order, order 0..=9.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FolioSize {
+    order: u8,
+}
+
+impl FolioSize {
+    pub const MAX_ORDER: u32 = 9;
+    pub const K4: FolioSize = FolioSize { order: 0 };
+    pub const K64: FolioSize = FolioSize { order: 4 };
+    pub const M2: FolioSize = FolioSize { order: 9 };
+    pub const ALL: [FolioSize; 10] = {
+        let mut all = [FolioSize { order: 0 }; 10];
+        let mut i = 0;
+        while i < 10 {
+            all[i] = FolioSize { order: i as u8 };
+            i += 1;
+        }
+        all
+    };
+    pub const ACCEPTED: &'static str = "4K, 8K, 16K, 32K, 64K, 128K, 256K, 512K, 1M or 2M";
+
+    pub const fn from_order(order: u32) -> Option<FolioSize> {
+        if order <= Self::MAX_ORDER {
+            Some(FolioSize { order: order as u8 })
+        } else {
+            None
+        }
+    }
+
+    pub fn from_bytes(bytes: u64) -> Option<FolioSize> {
+        if bytes < PAGE_SIZE as u64 || !bytes.is_power_of_two() {
+            return None;
+        }
+        Self::from_order(bytes.trailing_zeros() - PAGE_SHIFT)
+    }
+
+    pub const fn order(self) -> u32 {
+        self.order as u32
+    }
+    pub const fn index(self) -> usize {
+        self.order as usize
+    }
+    pub const fn bytes(self) -> usize {
+        PAGE_SIZE << self.order
+    }
+    pub const fn pages(self) -> usize {
+        1 << self.order
+    }
+    pub const fn is_huge(self) -> bool {
+        self.bytes() == HUGE_SIZE
+    }
+    /// `4K` … `2M`.
+    pub fn label(self) -> &'static str {
+        ["4K", "8K", "16K", "32K", "64K", "128K", "256K", "512K", "1M", "2M"][self.index()]
+    }
+    /// The kernel's sysfs spelling, as in `hugepages-64kB`: `4kB` … `2048kB`.
+    pub fn kernel_label(self) -> &'static str {
+        ["4kB", "8kB", "16kB", "32kB", "64kB", "128kB", "256kB", "512kB", "1024kB", "2048kB"][self.index()]
+    }
+}
+
+impl fmt::Display for FolioSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+impl FromStr for FolioSize {
+    type Err = SizeError;
+    fn from_str(s: &str) -> Result<Self, SizeError> {
+        let bytes = parse_bytes(s)?;
+        FolioSize::from_bytes(bytes).ok_or_else(|| size_error(s, format!("not a folio size; use {}", Self::ACCEPTED)))
+    }
+}
+
+/// The compressed pool's cap: absolute, or a percentage of physical memory like zswap's
+/// `max_pool_percent`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PoolLimit {
+    Bytes(u64),
+    Percent(f64),
+}
+
+impl PoolLimit {
+    pub fn resolve(self, physical: u64) -> u64 {
+        match self {
+            PoolLimit::Bytes(b) => b,
+            PoolLimit::Percent(p) => (physical as f64 * p / 100.0) as u64,
+        }
+    }
+}
+
+impl fmt::Display for PoolLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PoolLimit::Bytes(b) => f.write_str(&format_bytes(*b)),
+            PoolLimit::Percent(p) => write!(f, "{p}%"),
+        }
+    }
+}
+
+impl FromStr for PoolLimit {
+    type Err = SizeError;
+    fn from_str(s: &str) -> Result<Self, SizeError> {
+        let t = s.trim();
+        if let Some(number) = t.strip_suffix('%') {
+            let p: f64 = number.trim().parse().map_err(|_| size_error(s, "expected a percentage like 20%"))?;
+            if !(p > 0.0 && p <= 100.0) {
+                return Err(size_error(s, "a percentage must be above 0 and at most 100"));
+            }
+            return Ok(PoolLimit::Percent(p));
+        }
+        parse_bytes(t).map(PoolLimit::Bytes)
+    }
+}
+
+/// Physical memory of this machine in bytes.
+pub fn physical_memory() -> u64 {
+    // SAFETY: sysconf only reads system configuration.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    pages.max(0) as u64 * PAGE_SIZE as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parses_suffixes() {
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert_eq!(parse_bytes("64K").unwrap(), 65536);
+        assert_eq!(parse_bytes("64kib").unwrap(), 65536);
+        assert_eq!(parse_bytes(" 2M ").unwrap(), 2 << 20);
+        assert_eq!(parse_bytes("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_bytes("1T").unwrap(), 1 << 40);
+        assert_eq!(parse_bytes("12B").unwrap(), 12);
+        for bad in ["", "M", "12Q", "1..2M", "-1M", "1.M", "99999999999999999999", "20000000000T"] {
+            assert!(parse_bytes(bad).is_err(), "{bad:?} should fail");
+        }
+    }
+
+    #[test]
+    fn folio_sizes() {
+        assert_eq!("2M".parse::<FolioSize>().unwrap(), FolioSize::M2);
+        assert_eq!("64k".parse::<FolioSize>().unwrap(), FolioSize::K64);
+        assert_eq!("4096".parse::<FolioSize>().unwrap(), FolioSize::K4);
+        for bad in ["3K", "4M", "2K", "0", "1G", "fast"] {
+            let err = bad.parse::<FolioSize>().unwrap_err();
+            assert!(err.to_string().contains(bad), "{err}");
+        }
+        assert_eq!(FolioSize::ALL.iter().map(|f| f.bytes()).sum::<usize>(), (4 << 20) - 4096);
+    }
+
+    #[test]
+    fn pool_limits() {
+        assert_eq!("20%".parse::<PoolLimit>().unwrap(), PoolLimit::Percent(20.0));
+        assert_eq!("256M".parse::<PoolLimit>().unwrap(), PoolLimit::Bytes(256 << 20));
+        assert!("0%".parse::<PoolLimit>().is_err());
+        assert!("150%".parse::<PoolLimit>().is_err());
+        assert_eq!(PoolLimit::Percent(50.0).resolve(1000), 500);
+    }
+
+    proptest! {
+        #[test]
+        fn bytes_round_trip(n in 0u64..(1 << 50)) {
+            let text = format_bytes(n);
+            if !text.contains('.') {
+                prop_assert_eq!(parse_bytes(&text).unwrap(), n);
+            }
+            prop_assert_eq!(parse_bytes(&n.to_string()).unwrap(), n);
+        }
+
+        #[test]
+        fn suffix_scales(n in 0u64..(1 << 20), suffix in prop::sample::select(vec![("K", 10), ("m", 20), ("GiB", 30), ("kb", 10)])) {
+            prop_assert_eq!(parse_bytes(&format!("{n}{}", suffix.0)).unwrap(), n << suffix.1);
+        }
+
+        #[test]
+        fn folio_size_accepts_exactly_the_ten(bytes in 0u64..(8 << 20)) {
+            let parsed = bytes.to_string().parse::<FolioSize>();
+            let valid = bytes >= 4096 && bytes <= (2 << 20) && bytes.is_power_of_two();
+            prop_assert_eq!(parsed.is_ok(), valid);
+            if let Ok(f) = parsed {
+                prop_assert_eq!(f.bytes() as u64, bytes);
+                prop_assert_eq!(f.label().parse::<FolioSize>().unwrap(), f);
+            }
+        }
+
+        #[test]
+        fn garbage_never_panics(s in ".{0,12}") {
+            let _ = parse_bytes(&s);
+            let _ = s.parse::<FolioSize>();
+            let _ = s.parse::<PoolLimit>();
+        }
+    }
+}

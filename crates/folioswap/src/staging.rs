@@ -1,0 +1,244 @@
+//! Staging: where folios live while they are neither mapped nor stored.
+//!
+//! One area per folio size, each a run of naturally aligned slots, registered on the
+//! engine's second userfaultfd in write-protect mode only. That registration makes a slot
+//! a valid `UFFDIO_MOVE` destination (an eviction moves a folio out of its region into a
+//! slot, atomically) while leaving the engine free to read and write slots like ordinary
+//! memory, and keeps its `MADV_DONTNEED`s on staging from raising events. 2 MiB areas are
+//! `MADV_HUGEPAGE`, so a THP moved out stays a THP and one moved in arrives PMD-mapped.
+//!
+//! A free slot is either a *hole* (nothing mapped: the only valid MOVE destination) or
+//! *filled* (pages present, possibly zero-page mappings). Evictions take holes and leave
+//! them filled once their folio is stored; swap-ins take filled slots (decompressing into
+//! memory that is already there avoids page faults and, for THPs, 2 MiB of zeroing) and
+//! leave holes after moving the folio in. In steady state the two balance; a bounded
+//! reserve of filled slots is kept, charged to memory_high, and the rest are emptied.
+
+use crate::memcg::{Component, MemCg};
+use crate::size::{FolioSize, HUGE_SIZE};
+use crate::uffd::{PageMap, Uffd, REGISTER_MODE_WP};
+use std::io;
+use std::sync::{Condvar, Mutex, OnceLock};
+
+const MADV_POPULATE_WRITE: i32 = 23;
+
+/// A staging slot: folio order and index within that order's area.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Slot {
+    pub order: u32,
+    pub index: u32,
+}
+
+impl Slot {
+    pub fn to_raw(self) -> u64 {
+        ((self.order as u64) << 32) | self.index as u64
+    }
+    pub fn from_raw(raw: u64) -> Slot {
+        Slot { order: (raw >> 32) as u32, index: raw as u32 }
+    }
+}
+
+struct FreeLists {
+    holes: Vec<u32>,
+    /// Filled slots and whether their pages are one THP.
+    filled: Vec<(u32, bool)>,
+}
+
+struct Area {
+    base: usize,
+    slot_bytes: usize,
+    reserve_slots: usize,
+    free: Mutex<FreeLists>,
+    available: Condvar,
+}
+
+pub(crate) struct Staging {
+    uffd: Uffd,
+    pagemap: PageMap,
+    reserve_bytes: usize,
+    areas: [OnceLock<Area>; 10],
+}
+
+fn madvise(addr: usize, len: usize, advice: i32) -> io::Result<()> {
+    // SAFETY: the range lies inside a staging area this engine mapped and never exposes
+    // as a Rust reference across the call; madvise changes only its page-table state.
+    if unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn slots_for(folio: FolioSize) -> u32 {
+    if folio.bytes() <= 64 << 10 {
+        1024
+    } else {
+        256
+    }
+}
+
+impl Staging {
+    pub fn new(uffd: Uffd, reserve_bytes: usize) -> io::Result<Staging> {
+        Ok(Staging { uffd, pagemap: PageMap::open()?, reserve_bytes, areas: Default::default() })
+    }
+
+    pub fn uffd(&self) -> &Uffd {
+        &self.uffd
+    }
+
+    fn area(&self, order: u32) -> io::Result<&Area> {
+        if let Some(area) = self.areas[order as usize].get() {
+            return Ok(area);
+        }
+        let folio = FolioSize::from_order(order).expect("valid order");
+        let area = self.map_area(folio)?;
+        // Two threads may race to create it; the loser unmaps its copy.
+        if let Err(spare) = self.areas[order as usize].set(area) {
+            // SAFETY: `spare` was mapped by map_area and never handed out.
+            unsafe { libc::munmap(spare.base as *mut libc::c_void, spare.slot_bytes * slots_for(folio) as usize) };
+        }
+        Ok(self.areas[order as usize].get().expect("just set"))
+    }
+
+    fn map_area(&self, folio: FolioSize) -> io::Result<Area> {
+        let nslots = slots_for(folio);
+        let bytes = folio.bytes() * nslots as usize;
+        let base = crate::region::map_aligned(bytes, folio.bytes().max(HUGE_SIZE))
+            .map_err(io::Error::from_raw_os_error)?;
+        madvise(base, bytes, if folio.is_huge() { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE })?;
+        madvise(base, bytes, libc::MADV_DONTFORK)?;
+        self.uffd.register(base, bytes, REGISTER_MODE_WP)?;
+        Ok(Area {
+            base,
+            slot_bytes: folio.bytes(),
+            reserve_slots: (self.reserve_bytes / folio.bytes()).max(2),
+            free: Mutex::new(FreeLists { holes: (0..nslots).rev().collect(), filled: Vec::new() }),
+            available: Condvar::new(),
+        })
+    }
+
+    pub fn addr(&self, slot: Slot) -> usize {
+        let area = self.areas[slot.order as usize].get().expect("slot of a mapped area");
+        area.base + slot.index as usize * area.slot_bytes
+    }
+
+    /// The slot's memory. The caller owns the slot (took it and has not put it back), so
+    /// nobody else reads or writes it meanwhile.
+    ///
+    /// # Safety
+    /// No other reference to this slot's memory may exist while the returned one lives,
+    /// and no MOVE may take its pages away meanwhile.
+    pub unsafe fn slice_mut(&self, slot: Slot) -> &mut [u8] {
+        let len = FolioSize::from_order(slot.order).expect("valid").bytes();
+        // SAFETY: the slot lies inside a mapping that lives as long as the engine, and the
+        // caller guarantees exclusive access per the function's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.addr(slot) as *mut u8, len) }
+    }
+
+    /// A hole to move a folio out into. Waits while every slot is busy.
+    pub fn take_hole(&self, order: u32, memcg: &MemCg) -> io::Result<Slot> {
+        let area = self.area(order)?;
+        let mut free = area.free.lock().unwrap();
+        loop {
+            if let Some(index) = free.holes.pop() {
+                return Ok(Slot { order, index });
+            }
+            if let Some((index, _)) = free.filled.pop() {
+                drop(free);
+                memcg.uncharge(Component::StagingFree, area.slot_bytes as u64);
+                let slot = Slot { order, index };
+                madvise(self.addr(slot), area.slot_bytes, libc::MADV_DONTNEED)?;
+                return Ok(slot);
+            }
+            free = area.available.wait(free).unwrap();
+        }
+    }
+
+    /// A slot to fill (decompress into, or zero). Prefers a filled slot from the reserve
+    /// (its charge passes to the caller, who uncharges StagingFree); otherwise a hole that
+    /// the caller's writes will populate. For 2 MiB folios a hole is populated here with a
+    /// THP if the kernel has one. Returns the slot, whether it came from the reserve, and
+    /// whether it is a THP.
+    pub fn take_filled(&self, order: u32) -> io::Result<(Slot, bool, bool)> {
+        let area = self.area(order)?;
+        let mut free = area.free.lock().unwrap();
+        loop {
+            if let Some((index, huge)) = free.filled.pop() {
+                return Ok((Slot { order, index }, true, huge));
+            }
+            if let Some(index) = free.holes.pop() {
+                drop(free);
+                let slot = Slot { order, index };
+                let huge = area.slot_bytes == HUGE_SIZE && self.populate_huge(slot)?;
+                return Ok((slot, false, huge));
+            }
+            free = area.available.wait(free).unwrap();
+        }
+    }
+
+    /// A zero-filled 2 MiB slot for a first touch: a hole populated by the kernel, which
+    /// zeroes it. Returns the slot, whether it came from the reserve (whose charge then
+    /// passes to the caller) and whether it is a THP.
+    pub fn take_zeroed_huge(&self) -> io::Result<(Slot, bool, bool)> {
+        let order = FolioSize::M2.order();
+        let area = self.area(order)?;
+        let mut free = area.free.lock().unwrap();
+        loop {
+            let (index, from_reserve) = if let Some(index) = free.holes.pop() {
+                (index, false)
+            } else if let Some((index, _)) = free.filled.pop() {
+                (index, true)
+            } else {
+                free = area.available.wait(free).unwrap();
+                continue;
+            };
+            drop(free);
+            let slot = Slot { order, index };
+            if from_reserve {
+                madvise(self.addr(slot), area.slot_bytes, libc::MADV_DONTNEED)?;
+            }
+            let huge = self.populate_huge(slot)?;
+            return Ok((slot, from_reserve, huge));
+        }
+    }
+
+    fn populate_huge(&self, slot: Slot) -> io::Result<bool> {
+        let addr = self.addr(slot);
+        madvise(addr, HUGE_SIZE, MADV_POPULATE_WRITE)?;
+        Ok(self.pagemap.huge_bytes(addr, HUGE_SIZE).unwrap_or(0) == HUGE_SIZE)
+    }
+
+    /// Return a slot whose pages were all moved away (or never populated): a hole again.
+    pub fn put_hole(&self, slot: Slot) {
+        let area = self.areas[slot.order as usize].get().expect("mapped");
+        area.free.lock().unwrap().holes.push(slot.index);
+        area.available.notify_one();
+    }
+
+    /// Return a slot that still holds pages (its folio was stored). It stays filled for a
+    /// later swap-in while the reserve has room (then it is charged as StagingFree);
+    /// otherwise it is emptied. 2 MiB slots that are not one THP are always emptied, so
+    /// that swap-ins keep getting huge pages.
+    pub fn put_filled(&self, slot: Slot, huge: bool, memcg: &MemCg) {
+        let area = self.areas[slot.order as usize].get().expect("mapped");
+        let keep_shape = area.slot_bytes != HUGE_SIZE || huge;
+        {
+            let mut free = area.free.lock().unwrap();
+            if keep_shape && free.filled.len() < area.reserve_slots {
+                free.filled.push((slot.index, huge));
+                memcg.charge(Component::StagingFree, area.slot_bytes as u64);
+                drop(free);
+                area.available.notify_one();
+                return;
+            }
+        }
+        // Emptying can only fail on a kernel error; the slot is then unusable, so leak it.
+        if madvise(self.addr(slot), area.slot_bytes, libc::MADV_DONTNEED).is_ok() {
+            self.put_hole(slot);
+        }
+    }
+
+    /// Empty a slot's pages in `[offset, offset + len)` (used to punch removed pages out).
+    pub fn discard_range(&self, slot: Slot, offset: usize, len: usize) -> io::Result<()> {
+        madvise(self.addr(slot) + offset, len, libc::MADV_DONTNEED)
+    }
+}

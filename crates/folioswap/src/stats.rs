@@ -1,0 +1,331 @@
+//! Counters under the kernel's names, per folio size where the kernel keeps them per size
+//! (`/sys/kernel/mm/transparent_hugepage/hugepages-<size>kB/stats/*`), and fault-service
+//! latency histograms.
+//!
+//! Counters are relaxed atomics bumped next to the state transition they describe; a
+//! snapshot ([`Stats`]) is a consistent-enough copy for reporting, serialisable to JSON.
+//! Page counters (`pswpin`, `zswpout`, …) count 4 KiB pages as /proc/vmstat does; per-size
+//! counters count folios of that size, as the mTHP stats do.
+
+use crate::size::FolioSize;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Default)]
+pub(crate) struct Counter(AtomicU64);
+
+impl Counter {
+    #[inline]
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    #[inline]
+    pub fn inc(&self) {
+        self.add(1)
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Log-linear histogram of nanoseconds: 16 buckets per power of two (≤ 6.25% error),
+/// lock-free to record.
+pub(crate) struct Histogram {
+    buckets: Box<[AtomicU64]>,
+    sum_ns: AtomicU64,
+    max_ns: AtomicU64,
+}
+
+const SUB_BITS: u32 = 4;
+const SUB: u64 = 1 << SUB_BITS;
+const BUCKETS: usize = ((64 - SUB_BITS as usize) + 1) * SUB as usize;
+
+fn bucket_of(ns: u64) -> usize {
+    if ns < SUB {
+        return ns as usize;
+    }
+    let exp = 63 - ns.leading_zeros();
+    let mantissa = (ns >> (exp - SUB_BITS)) & (SUB - 1);
+    ((exp - SUB_BITS + 1) as u64 * SUB + mantissa) as usize
+}
+
+/// The midpoint of a bucket's range, in ns.
+fn bucket_value(bucket: usize) -> u64 {
+    let b = bucket as u64;
+    if b < SUB {
+        return b;
+    }
+    let exp = (b / SUB) as u32 + SUB_BITS - 1;
+    let mantissa = b % SUB;
+    let low = (1u64 << exp) | (mantissa << (exp - SUB_BITS));
+    low + (1u64 << (exp - SUB_BITS)) / 2
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            sum_ns: AtomicU64::new(0),
+            max_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Histogram {
+    pub fn record(&self, ns: u64) {
+        self.buckets[bucket_of(ns)].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+        self.max_ns.fetch_max(ns, Ordering::Relaxed);
+    }
+
+    pub fn merge_into(&self, counts: &mut [u64], sum: &mut u64, max: &mut u64) {
+        for (c, b) in counts.iter_mut().zip(self.buckets.iter()) {
+            *c += b.load(Ordering::Relaxed);
+        }
+        *sum += self.sum_ns.load(Ordering::Relaxed);
+        *max = (*max).max(self.max_ns.load(Ordering::Relaxed));
+    }
+
+    pub fn summary(&self) -> Option<Latency> {
+        let mut counts = vec![0u64; BUCKETS];
+        let (mut sum, mut max) = (0, 0);
+        self.merge_into(&mut counts, &mut sum, &mut max);
+        Latency::from_counts(&counts, sum, max)
+    }
+}
+
+/// Percentiles of one histogram, in microseconds.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Latency {
+    pub count: u64,
+    pub mean_us: f64,
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    #[serde(rename = "p99.9_us")]
+    pub p999_us: f64,
+    pub max_us: f64,
+}
+
+impl Latency {
+    pub(crate) fn from_counts(counts: &[u64], sum_ns: u64, max_ns: u64) -> Option<Latency> {
+        let count: u64 = counts.iter().sum();
+        if count == 0 {
+            return None;
+        }
+        let pct = |p: f64| {
+            let rank = ((p * count as f64).ceil() as u64).clamp(1, count);
+            let mut seen = 0;
+            for (i, &c) in counts.iter().enumerate() {
+                seen += c;
+                if seen >= rank {
+                    return (bucket_value(i).min(max_ns)) as f64 / 1000.0;
+                }
+            }
+            max_ns as f64 / 1000.0
+        };
+        Some(Latency {
+            count,
+            mean_us: sum_ns as f64 / count as f64 / 1000.0,
+            p50_us: pct(0.50),
+            p90_us: pct(0.90),
+            p99_us: pct(0.99),
+            p999_us: pct(0.999),
+            max_us: max_ns as f64 / 1000.0,
+        })
+    }
+}
+
+macro_rules! counter_struct {
+    ($(#[$meta:meta])* $name:ident, $snap:ident { $($(#[$fmeta:meta])* $field:ident),* $(,)? }) => {
+        #[derive(Default)]
+        pub(crate) struct $name { $(pub $field: Counter,)* }
+        $(#[$meta])*
+        #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+        pub struct $snap { $($(#[$fmeta])* pub $field: u64,)* }
+        impl $name {
+            pub fn snapshot(&self) -> $snap { $snap { $($field: self.$field.get(),)* } }
+        }
+        impl $snap {
+            pub fn is_zero(&self) -> bool { true $(&& self.$field == 0)* }
+        }
+    };
+}
+
+counter_struct!(
+    /// Engine-wide counters, named as in /proc/vmstat (pages are 4 KiB).
+    VmCounters, VmStat {
+        /// Faults served (every folio installed, including first touches).
+        pgfault,
+        /// Faults that needed decompression or I/O.
+        pgmajfault,
+        /// Pages read from the swap file (the file tier comes later: 0 until then).
+        pswpin,
+        /// Pages written to the swap file.
+        pswpout,
+        /// Pages loaded from the compressed pool.
+        zswpin,
+        /// Pages stored into the compressed pool (all-zero folios included, as zswap counts them).
+        zswpout,
+        /// Pages written back from the pool to the swap file.
+        zswpwb,
+        /// Folios brought in by readahead, and those later used.
+        swap_ra,
+        swap_ra_hit,
+        /// 2 MiB folios swapped out whole to the swap file, and those split first.
+        thp_swpout,
+        thp_swpout_fallback,
+        /// 2 MiB first touches that got a huge page, and those that fell back to 4 KiB pages.
+        thp_fault_alloc,
+        thp_fault_fallback,
+        /// Large folios split (partial DONTNEED/munmap/mremap, or split-mode swap-out).
+        thp_split_page,
+        /// Folios evicted by the background reclaimers and by direct reclaim in the fault path.
+        pgsteal_kswapd,
+        pgsteal_direct,
+        /// Times direct reclaim ran, and times a fault waited for reclaim in flight.
+        allocstall,
+        /// Faults refused because neither memory_high nor the pool cap could be kept.
+        oom_kill,
+        /// Stores the pool refused because it was full (zswap's pool_limit_hit).
+        zswap_pool_limit_hit,
+        /// All-zero folios stored as markers (zswap's same_filled_pages, in folios).
+        zswap_same_filled,
+        /// Folios the pool stored raw because they did not compress.
+        zswap_stored_raw,
+        /// userfaultfd events handled.
+        uffd_remove,
+        uffd_unmap,
+        uffd_remap,
+        /// Faults resolved by another thread first (concurrent faults on one folio).
+        fault_raced,
+    }
+);
+
+counter_struct!(
+    /// Counters per folio size, as `hugepages-<size>kB/stats/*` (in folios of that size).
+    SizeCounters, SizeStat {
+        anon_fault_alloc,
+        anon_fault_fallback,
+        swpout,
+        swpout_fallback,
+        swpin,
+        swpin_fallback,
+        zswpout,
+        zswpin,
+        split,
+    }
+);
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub vm: VmCounters,
+    pub size: [SizeCounters; 10],
+    pub fault_latency: [Histogram; 10],
+}
+
+impl Counters {
+    pub fn size(&self, folio: FolioSize) -> &SizeCounters {
+        &self.size[folio.index()]
+    }
+}
+
+/// Memory the engine holds, in bytes.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct MemoryStat {
+    /// The limit (`None`: max).
+    pub memory_high: Option<u64>,
+    /// Bytes counted against memory_high now.
+    pub charged_bytes: u64,
+    /// Managed memory mapped in regions.
+    pub resident_bytes: u64,
+    /// Folios unmapped but held uncompressed in staging (being compressed, or handed back).
+    pub swapcache_bytes: u64,
+    /// Populated staging kept for reuse by the fault path.
+    pub staging_free_bytes: u64,
+    /// Memory the compressed pool holds (zswap's pool_total_size).
+    pub pool_total_bytes: u64,
+    /// Compressed bytes of the entries stored.
+    pub pool_compressed_bytes: u64,
+    /// Uncompressed bytes of the folios in the pool (zswap's stored_pages × 4 KiB).
+    pub pool_stored_bytes: u64,
+    pub pool_entries: u64,
+    pub max_pool_bytes: u64,
+    /// Bytes of all live regions (virtual).
+    pub managed_bytes: u64,
+    pub regions: u64,
+}
+
+/// A snapshot of everything `Engine::stats()` reports.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Stats {
+    #[serde(flatten)]
+    pub vm: VmStat,
+    pub memory: MemoryStat,
+    /// Per folio size, keyed by the kernel's spelling (`2048kB`); sizes with no activity omitted.
+    pub per_size: BTreeMap<String, SizeStat>,
+    /// Fault-service latency per folio size and overall ("all").
+    pub fault_latency: BTreeMap<String, Latency>,
+}
+
+impl Stats {
+    pub(crate) fn collect(counters: &Counters, memory: MemoryStat) -> Stats {
+        let mut per_size = BTreeMap::new();
+        let mut fault_latency = BTreeMap::new();
+        let mut all = vec![0u64; BUCKETS];
+        let (mut sum, mut max) = (0, 0);
+        for folio in FolioSize::ALL {
+            let snap = counters.size(folio).snapshot();
+            if !snap.is_zero() {
+                per_size.insert(folio.kernel_label().to_string(), snap);
+            }
+            let h = &counters.fault_latency[folio.index()];
+            if let Some(lat) = h.summary() {
+                fault_latency.insert(folio.kernel_label().to_string(), lat);
+            }
+            h.merge_into(&mut all, &mut sum, &mut max);
+        }
+        if let Some(lat) = Latency::from_counts(&all, sum, max) {
+            fault_latency.insert("all".to_string(), lat);
+        }
+        Stats { vm: counters.vm.snapshot(), memory, per_size, fault_latency }
+    }
+
+    /// Per-size counters of one folio size (zeros if it saw no activity).
+    pub fn size(&self, folio: FolioSize) -> SizeStat {
+        self.per_size.get(folio.kernel_label()).cloned().unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn percentiles_of_a_known_distribution() {
+        let h = Histogram::default();
+        for i in 1..=1000u64 {
+            h.record(i * 1000);
+        }
+        let l = h.summary().unwrap();
+        assert_eq!(l.count, 1000);
+        assert!((l.p50_us - 500.0).abs() / 500.0 < 0.07, "{l:?}");
+        assert!((l.p90_us - 900.0).abs() / 900.0 < 0.07, "{l:?}");
+        assert!((l.p99_us - 990.0).abs() / 990.0 < 0.07, "{l:?}");
+        assert_eq!(l.max_us, 1000.0);
+        assert!((l.mean_us - 500.5).abs() < 0.01);
+    }
+
+    proptest! {
+        #[test]
+        fn bucket_brackets_value(ns in 0u64..u64::MAX / 2) {
+            let b = bucket_of(ns);
+            prop_assert!(b < BUCKETS);
+            let v = bucket_value(b);
+            let err = (v as f64 - ns as f64).abs() / (ns.max(1) as f64);
+            prop_assert!(err <= 0.0625 || ns < 16, "ns {} bucket {} value {}", ns, b, v);
+        }
+    }
+}

@@ -1,0 +1,1482 @@
+//! `ZPool`: the memory allocator behind the compressed pool (folioswap's zsmalloc).
+//!
+//! zswap hands this module one compressed folio at a time (1 byte up to `MAX_OBJECT`; an
+//! incompressible folio arrives raw, so multi-page objects are normal) and gets back a small
+//! opaque handle. Objects are stored contiguously because the decompressor wants one slice.
+//! The pool also has to say truthfully how much physical memory it holds, since `max_pool` and
+//! the memory limit are enforced against that number, not against the compressed byte count.
+//!
+//! Layout. Objects are grouped into size classes so that a freed slot fits the next object of
+//! the same class exactly and no general-purpose fragmentation builds up. Small objects (up to
+//! `SUB_MAX` bytes with their header) use 64-byte classes and carry a 4-byte header with their
+//! exact length; everything larger uses whole-page classes (1..=513 pages) whose lengths live out
+//! of band in a per-chunk atomic array. Keeping page-class lengths out of the slot matters: a raw
+//! 4 KiB folio must occupy one page, not two, and a raw 2 MiB folio exactly 512 pages. Memory
+//! comes from private anonymous `mmap` chunks of about 2 MiB (one class per chunk, sized to a
+//! whole number of slots), with `MADV_NOHUGEPAGE` so that releasing one 4 KiB slot really returns
+//! 4 KiB instead of splitting or pinning a huge page, `MADV_DONTFORK` so that a fork of the host
+//! process does not copy the pool, and `MAP_NORESERVE` because a chunk's untouched tail is never
+//! meant to be backed.
+//!
+//! Accounting. The footprint is the number of bytes of pages the pool has touched and not given
+//! back: slots handed out since their chunk was last released (for sub-page classes, the pages
+//! those slots cover), live or free. Pages nobody touched cost nothing and are not counted.
+//! Freed slots stay populated so that the next store of that class costs no page fault, but that
+//! slack is bounded: once populated free page-class memory would exceed
+//! `max(8 MiB, stored/16)`, a freed page-class slot is returned to the kernel with
+//! `MADV_DONTNEED` at once. A sub-page chunk whose slots are all free is released as a whole
+//! (its slots share pages, so nothing smaller can be given back). Growth is reserved with a
+//! compare-and-swap against the cap before any page is touched, so the footprint never exceeds
+//! the cap; when it would, the store first releases populated slack (which is free to release)
+//! and fails with `Full` only if that is not enough. Reusing a populated free slot never grows
+//! the footprint and is always allowed.
+//!
+//! Concurrency. Each class has its own mutex; nothing else is locked on the store/free path
+//! (counters are atomics), and no code path ever holds two class locks, so there is no lock
+//! order to get wrong. The copy into a slot happens after the lock is dropped, because the slot
+//! is already exclusively ours. `get` takes no lock at all: handles are (class, chunk, slot)
+//! indices, and chunk base addresses are published in an append-only two-level table of atomic
+//! pointers whose entries are only freed when the pool is dropped. Handles are validated by
+//! `free` (a forged or double-freed handle panics instead of corrupting the free lists), which is
+//! why the slot header and the length array are atomics: a bogus `free` racing with a store
+//! reads them without a data race. An empty chunk is kept as one spare per class (so a class
+//! oscillating around a chunk boundary does not mmap/munmap each time); further empty chunks are
+//! unmapped and their index reused.
+//!
+//! The design assumes 4 KiB pages (checked in `ZPool::new`): release granularity and class
+//! rounding are both built on it.
+
+use std::fmt;
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+const PAGE: usize = 4096;
+/// Chunk size target: large enough to amortise mmap calls, small enough not to matter per class.
+const CHUNK_BYTES: usize = 2 << 20;
+const SUB_STEP: usize = 64;
+/// Largest sub-page class. 4096 itself is the first page class, which needs no header.
+const SUB_MAX: usize = 4096 - SUB_STEP;
+const NR_SUB: usize = SUB_MAX / SUB_STEP;
+const MAX_PAGES: usize = ZPool::MAX_OBJECT.div_ceil(PAGE);
+const NR_CLASSES: usize = NR_SUB + MAX_PAGES;
+
+/// Sub-page slot header: a tag in the high half (catches double frees and forged handles),
+/// the exact length in the low half.
+const HDR: usize = 4;
+const HDR_TAG_MASK: u32 = 0xFFFF_0000;
+const HDR_LIVE: u32 = 0x5A17_0000;
+const HDR_FREE: u32 = 0xF4EE_0000;
+
+const SLOT_BITS: u32 = 15;
+const CHUNK_BITS: u32 = 18;
+const CLASS_BITS: u32 = 10;
+const SEG_BITS: u32 = 9;
+const SEG_LEN: usize = 1 << SEG_BITS;
+const DIR_LEN: usize = 1 << (CHUNK_BITS - SEG_BITS);
+const MAX_CHUNKS: usize = 1 << CHUNK_BITS;
+
+const SLACK_FLOOR: u64 = 8 << 20;
+const SLACK_DIVISOR: u64 = 16;
+/// Bounded retries when other threads keep taking the footprint we just freed up.
+const STORE_ATTEMPTS: u32 = 8;
+
+const _: () = assert!(NR_CLASSES < 1 << CLASS_BITS);
+const _: () = assert!(CHUNK_BYTES / SUB_STEP <= 1 << SLOT_BITS);
+const _: () = assert!(CHUNK_BYTES / SUB_STEP <= u16::MAX as usize + 1);
+const _: () = assert!(CLASS_BITS + CHUNK_BITS + SLOT_BITS <= PoolHandle::BITS);
+const _: () = assert!(SUB_MAX <= 0xFFFF);
+
+/// Opaque, Copy, never 0, fits in 48 bits (callers pack it into a u64 with other bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PoolHandle(u64);
+
+impl PoolHandle {
+    /// Number of low bits a raw handle may occupy.
+    pub const BITS: u32 = 48;
+
+    /// The handle as an integer in `1..2^48`.
+    pub fn to_raw(self) -> u64 {
+        self.0
+    }
+
+    /// Inverse of `to_raw`. Only values that came from `to_raw` name an object; 0 and values
+    /// wider than 48 bits are debug-asserted, and `free` validates whatever it is given.
+    pub fn from_raw(raw: u64) -> Self {
+        debug_assert!(
+            raw != 0 && raw >> Self::BITS == 0,
+            "not a pool handle: {raw:#x}"
+        );
+        Self(raw)
+    }
+
+    fn new(class: usize, chunk: usize, slot: usize) -> Self {
+        // class + 1 keeps the handle non-zero.
+        Self(
+            ((class as u64 + 1) << (CHUNK_BITS + SLOT_BITS))
+                | ((chunk as u64) << SLOT_BITS)
+                | slot as u64,
+        )
+    }
+
+    /// (class, chunk, slot); a zero or out-of-range class comes back >= NR_CLASSES.
+    fn decode(self) -> (usize, usize, usize) {
+        let class = ((self.0 >> (CHUNK_BITS + SLOT_BITS)) as usize).wrapping_sub(1);
+        let chunk = ((self.0 >> SLOT_BITS) as usize) & (MAX_CHUNKS - 1);
+        let slot = (self.0 as usize) & ((1 << SLOT_BITS) - 1);
+        (class, chunk, slot)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolError {
+    /// Storing would take the pool's footprint over its cap (after releasing what slack it could).
+    Full {
+        needed: u64,
+        footprint: u64,
+        cap: u64,
+    },
+    /// The object is larger than the largest size the pool stores.
+    TooLarge { len: usize, max: usize },
+    /// mmap of a new chunk failed (errno).
+    OutOfMemory { errno: i32 },
+}
+
+impl fmt::Display for PoolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PoolError::Full {
+                needed,
+                footprint,
+                cap,
+            } => write!(
+                f,
+                "compressed pool full: need {needed} more bytes, footprint {footprint}, cap {cap}"
+            ),
+            PoolError::TooLarge { len, max } => {
+                write!(f, "object of {len} bytes exceeds the pool maximum of {max}")
+            }
+            PoolError::OutOfMemory { errno } => {
+                write!(
+                    f,
+                    "mmap of a pool chunk failed: {}",
+                    std::io::Error::from_raw_os_error(*errno)
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for PoolError {}
+
+/// What lock-free readers need to know about a chunk. Allocated once per (class, chunk index)
+/// and freed only when the pool is dropped, so a `&ChunkInfo` never dangles while `&ZPool` lives.
+struct ChunkInfo {
+    /// Null while the chunk index is vacant (unmapped).
+    base: AtomicPtr<u8>,
+    /// Page classes only: exact object length per slot, 0 when the slot holds no live object.
+    lens: Box<[AtomicU32]>,
+}
+
+type Seg = [AtomicPtr<ChunkInfo>; SEG_LEN];
+
+/// Mutable per-chunk bookkeeping, guarded by the class mutex.
+struct ChunkState {
+    /// Null while vacant.
+    base: *mut u8,
+    info: NonNull<ChunkInfo>,
+    /// Slots `[0, bump)` have been handed out since the chunk was (re)populated; the rest
+    /// were never touched.
+    bump: u32,
+    /// Live objects.
+    used: u32,
+    /// Freed slots whose memory is still resident (reused first).
+    free: Vec<u16>,
+    /// Page classes: freed slots already given back with MADV_DONTNEED.
+    released: Vec<u16>,
+    /// Which of the class's lazy stacks currently hold this chunk's index (`IN_*` bits).
+    stacks: u8,
+}
+
+// SAFETY: the raw pointers in ChunkState refer to the pool's own mmap'd chunk and to a
+// heap-allocated ChunkInfo made of atomics; neither is tied to a thread, and ChunkState is only
+// reached through the class mutex.
+unsafe impl Send for ChunkState {}
+
+const IN_FREE: u8 = 1;
+const IN_REL: u8 = 2;
+const IN_ROOM: u8 = 4;
+
+/// Per-class state. The three stacks are lazy: an index is pushed when a chunk gains something
+/// (a free slot, a released slot, bump room) unless its flag says it is already there, and
+/// entries that no longer qualify are discarded when they reach the top. That keeps every
+/// operation amortised O(1) without scanning chunks.
+#[derive(Default)]
+struct ClassState {
+    chunks: Vec<ChunkState>,
+    free_stack: Vec<u32>,
+    rel_stack: Vec<u32>,
+    room_stack: Vec<u32>,
+    /// One empty, mapped, fully released chunk kept for reuse.
+    spare: Option<u32>,
+    /// Chunk indices whose mapping was given back; reused before growing `chunks`.
+    vacant: Vec<u32>,
+}
+
+fn top_valid(
+    stack: &mut Vec<u32>,
+    chunks: &mut [ChunkState],
+    flag: u8,
+    valid: impl Fn(&ChunkState) -> bool,
+) -> Option<usize> {
+    while let Some(&i) = stack.last() {
+        let ch = &mut chunks[i as usize];
+        if valid(ch) {
+            return Some(i as usize);
+        }
+        stack.pop();
+        ch.stacks &= !flag;
+    }
+    None
+}
+
+fn push_once(stack: &mut Vec<u32>, ch: &mut ChunkState, i: usize, flag: u8) {
+    if ch.stacks & flag == 0 {
+        ch.stacks |= flag;
+        stack.push(i as u32);
+    }
+}
+
+struct Class {
+    /// Slot size in bytes.
+    size: usize,
+    page_sized: bool,
+    slots: usize,
+    map_len: usize,
+    /// Lock-free chunk table: `dir[chunk >> SEG_BITS][chunk & (SEG_LEN - 1)]`.
+    dir: Box<[AtomicPtr<Seg>]>,
+    state: Mutex<ClassState>,
+}
+
+impl Class {
+    fn new(idx: usize) -> Self {
+        let (size, page_sized) = if idx < NR_SUB {
+            (SUB_STEP * (idx + 1), false)
+        } else {
+            ((idx - NR_SUB + 1) * PAGE, true)
+        };
+        let slots = (CHUNK_BYTES / size).max(1);
+        Class {
+            size,
+            page_sized,
+            slots,
+            map_len: (slots * size).next_multiple_of(PAGE),
+            dir: (0..DIR_LEN)
+                .map(|_| AtomicPtr::new(ptr::null_mut()))
+                .collect(),
+            state: Mutex::new(ClassState::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ClassState> {
+        // Poisoning is ignored: the only panics under the lock are handle-validation failures,
+        // raised before any state is modified.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Footprint of slots `[0, n)` of a freshly populated chunk.
+    fn covered(&self, n: usize) -> u64 {
+        (n * self.size).next_multiple_of(PAGE) as u64
+    }
+
+    fn info(&self, chunk: usize) -> Option<&ChunkInfo> {
+        let seg = self.dir.get(chunk >> SEG_BITS)?.load(Ordering::Acquire);
+        if seg.is_null() {
+            return None;
+        }
+        // SAFETY: segments are fully initialised before being published (Release/Acquire) and
+        // are freed only in Class::drop, which cannot run while `&self` is borrowed.
+        let info = unsafe { &*seg }[chunk & (SEG_LEN - 1)].load(Ordering::Acquire);
+        // SAFETY: same publication and lifetime argument for ChunkInfo.
+        (!info.is_null()).then(|| unsafe { &*info })
+    }
+
+    /// Called with the class lock held, which serialises segment creation.
+    fn publish(&self, chunk: usize, info: *mut ChunkInfo) {
+        let entry = &self.dir[chunk >> SEG_BITS];
+        let mut seg = entry.load(Ordering::Acquire);
+        if seg.is_null() {
+            let fresh: Box<Seg> =
+                Box::new(std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())));
+            seg = Box::into_raw(fresh);
+            entry.store(seg, Ordering::Release);
+        }
+        // SAFETY: `seg` is a live segment owned by this class (just created or published earlier).
+        let seg = unsafe { &*seg };
+        seg[chunk & (SEG_LEN - 1)].store(info, Ordering::Release);
+    }
+}
+
+impl Drop for Class {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        for ch in &st.chunks {
+            if !ch.base.is_null() {
+                // SAFETY: `base` is a mapping of `map_len` bytes created by map_chunk; the pool
+                // is being dropped, so no handle can be used any more.
+                unsafe { unmap(ch.base, self.map_len) };
+            }
+            // SAFETY: each ChunkInfo was created by Box::into_raw in ZPool::new_chunk and is
+            // referenced by exactly one ChunkState; nothing reads it after this point.
+            drop(unsafe { Box::from_raw(ch.info.as_ptr()) });
+        }
+        for entry in self.dir.iter() {
+            let seg = entry.load(Ordering::Relaxed);
+            if !seg.is_null() {
+                // SAFETY: created by Box::into_raw in publish, freed once here.
+                drop(unsafe { Box::from_raw(seg) });
+            }
+        }
+    }
+}
+
+fn class_index(len: usize) -> usize {
+    if len + HDR <= SUB_MAX {
+        (len + HDR).div_ceil(SUB_STEP) - 1
+    } else {
+        NR_SUB + len.div_ceil(PAGE) - 1
+    }
+}
+
+fn map_chunk(len: usize) -> Result<*mut u8, PoolError> {
+    // SAFETY: a fresh anonymous private mapping with no address hint cannot alias anything.
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        let errno = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::ENOMEM);
+        return Err(PoolError::OutOfMemory { errno });
+    }
+    // Advice failures are ignored on purpose: without THP support NOHUGEPAGE is moot, and
+    // DONTFORK only matters if the process forks.
+    // SAFETY: advice on the mapping just created; it changes no contents.
+    unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
+    // SAFETY: as above.
+    unsafe { libc::madvise(p, len, libc::MADV_DONTFORK) };
+    Ok(p.cast())
+}
+
+/// # Safety
+/// `[addr, addr + len)` is page-aligned, inside a pool mapping, and holds no live object.
+unsafe fn dontneed(addr: *mut u8, len: usize) {
+    // SAFETY: per the function contract, zeroing these pages loses no data anyone can see.
+    let rc = unsafe { libc::madvise(addr.cast(), len, libc::MADV_DONTNEED) };
+    debug_assert_eq!(
+        rc,
+        0,
+        "MADV_DONTNEED failed: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// # Safety
+/// `base` is a pool mapping of `len` bytes that nothing will access again.
+unsafe fn unmap(base: *mut u8, len: usize) {
+    // SAFETY: per the function contract.
+    let rc = unsafe { libc::munmap(base.cast(), len) };
+    debug_assert_eq!(rc, 0, "munmap failed: {}", std::io::Error::last_os_error());
+}
+
+/// # Safety
+/// `slot` is the 64-byte-aligned start of a sub-page slot inside a live mapping.
+unsafe fn header<'a>(slot: *mut u8) -> &'a AtomicU32 {
+    // SAFETY: aligned (slot offsets are multiples of 64 from a page-aligned base), in bounds, and
+    // only ever accessed atomically by this module.
+    unsafe { AtomicU32::from_ptr(slot.cast()) }
+}
+
+enum Pick {
+    Free(usize),
+    Released(usize),
+    Room(usize),
+    Spare(usize),
+    New,
+}
+
+enum Taken {
+    Slot {
+        chunk: usize,
+        slot: usize,
+        base: *mut u8,
+        info: NonNull<ChunkInfo>,
+    },
+    Over {
+        growth: u64,
+    },
+}
+
+/// The compressed pool's allocator. See the module documentation.
+pub struct ZPool {
+    classes: Box<[OnceLock<Class>]>,
+    cap: AtomicU64,
+    footprint: AtomicU64,
+    stored: AtomicU64,
+    live: AtomicU64,
+    /// Populated free bytes in page classes (the releasable slack).
+    slack: AtomicU64,
+}
+
+impl fmt::Debug for ZPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZPool")
+            .field("cap", &self.cap())
+            .field("footprint", &self.footprint_bytes())
+            .field("stored", &self.stored_bytes())
+            .field("live", &self.live_objects())
+            .field("slack", &self.slack_bytes())
+            .finish()
+    }
+}
+
+impl ZPool {
+    /// Largest object the pool stores: a raw 2 MiB folio plus 64 bytes of headroom.
+    pub const MAX_OBJECT: usize = (2 << 20) + 64;
+
+    /// An empty pool whose footprint may not exceed `cap_bytes`. Maps nothing yet.
+    ///
+    /// # Panics
+    /// If the system page size is not 4 KiB.
+    pub fn new(cap_bytes: u64) -> Self {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        assert_eq!(page, PAGE as libc::c_long, "ZPool requires 4 KiB pages");
+        ZPool {
+            classes: (0..NR_CLASSES).map(|_| OnceLock::new()).collect(),
+            cap: AtomicU64::new(cap_bytes),
+            footprint: AtomicU64::new(0),
+            stored: AtomicU64::new(0),
+            live: AtomicU64::new(0),
+            slack: AtomicU64::new(0),
+        }
+    }
+
+    /// Change the cap. Lowering it below the footprint releases slack to fit if it can; live
+    /// objects are never evicted here, so the footprint may stay above a lowered cap until frees.
+    pub fn set_cap(&self, cap_bytes: u64) {
+        self.cap.store(cap_bytes, Ordering::Relaxed);
+        let over = self.footprint_bytes().saturating_sub(cap_bytes);
+        if over > 0 {
+            self.shrink_slack(self.slack_bytes().saturating_sub(over));
+        }
+    }
+
+    /// The current cap on the footprint.
+    pub fn cap(&self) -> u64 {
+        self.cap.load(Ordering::Relaxed)
+    }
+
+    /// Copy `data` into a new object. Fails with Full rather than exceed the cap.
+    ///
+    /// # Errors
+    /// `TooLarge` beyond `MAX_OBJECT`; `Full` when the footprint would exceed the cap even after
+    /// releasing slack; `OutOfMemory` when a new chunk cannot be mapped. Nothing stored is
+    /// touched by a failed store.
+    pub fn store(&self, data: &[u8]) -> Result<PoolHandle, PoolError> {
+        let len = data.len();
+        if len > Self::MAX_OBJECT {
+            return Err(PoolError::TooLarge {
+                len,
+                max: Self::MAX_OBJECT,
+            });
+        }
+        let ci = class_index(len);
+        let class = self.classes[ci].get_or_init(|| Class::new(ci));
+        let mut attempts = 0;
+        let (chunk, slot, base, info) = loop {
+            match self.take_slot(class)? {
+                Taken::Slot {
+                    chunk,
+                    slot,
+                    base,
+                    info,
+                } => break (chunk, slot, base, info),
+                Taken::Over { growth } => {
+                    attempts += 1;
+                    let cap = self.cap();
+                    let footprint = self.footprint_bytes();
+                    let excess = (footprint + growth).saturating_sub(cap);
+                    let slack = self.slack_bytes();
+                    if attempts >= STORE_ATTEMPTS || excess > slack {
+                        return Err(PoolError::Full {
+                            needed: growth,
+                            footprint,
+                            cap,
+                        });
+                    }
+                    if excess > 0 {
+                        self.shrink_slack(slack - excess);
+                    }
+                }
+            }
+        };
+        let dst = base.wrapping_add(slot * class.size);
+        if class.page_sized {
+            // SAFETY: take_slot gave this slot to us alone (counted in `used`, so its chunk stays
+            // mapped); it is `class.size >= len` bytes inside the mapping, and `data` cannot
+            // overlap it because it is not part of any live object.
+            unsafe { ptr::copy_nonoverlapping(data.as_ptr(), dst, len) };
+            // SAFETY: ChunkInfo outlives the pool's borrow (freed only on drop).
+            let info = unsafe { info.as_ref() };
+            // Publishing the length last makes the slot live; a racing bogus free() sees 0.
+            info.lens[slot].store(len as u32, Ordering::Release);
+        } else {
+            // SAFETY: as above; the slot has room for the header plus `len` bytes because the
+            // class was chosen from `len + HDR`.
+            unsafe { ptr::copy_nonoverlapping(data.as_ptr(), dst.wrapping_add(HDR), len) };
+            // SAFETY: `dst` is the 64-byte-aligned start of our slot in a mapped chunk.
+            let hdr = unsafe { header(dst) };
+            // Publishing the header last makes the slot live; a racing bogus free() sees FREE/0.
+            hdr.store(HDR_LIVE | len as u32, Ordering::Release);
+        }
+        self.stored.fetch_add(len as u64, Ordering::Relaxed);
+        self.live.fetch_add(1, Ordering::Relaxed);
+        Ok(PoolHandle::new(ci, chunk, slot))
+    }
+
+    /// The stored bytes, exactly as stored (same length).
+    ///
+    /// # Safety
+    /// `h` is live (stored and not yet freed) and is not freed while the slice is used.
+    pub unsafe fn get(&self, h: PoolHandle) -> &[u8] {
+        let (ci, chunk, slot) = h.decode();
+        let class = self
+            .classes
+            .get(ci)
+            .and_then(OnceLock::get)
+            .expect("invalid pool handle");
+        let info = class.info(chunk).expect("invalid pool handle");
+        let base = info.base.load(Ordering::Acquire);
+        debug_assert!(!base.is_null() && slot < class.slots, "stale pool handle");
+        let p = base.wrapping_add(slot * class.size);
+        if class.page_sized {
+            let len = info.lens[slot].load(Ordering::Acquire) as usize;
+            debug_assert!(len != 0, "pool handle not live");
+            // SAFETY: the caller guarantees the object is live and stays so while the slice is
+            // used; a live slot keeps its chunk mapped and holds `len` initialised bytes.
+            unsafe { std::slice::from_raw_parts(p, len) }
+        } else {
+            // SAFETY: same contract; the header sits at the live slot's start.
+            let hdr = unsafe { header(p) }.load(Ordering::Acquire);
+            debug_assert_eq!(hdr & HDR_TAG_MASK, HDR_LIVE, "pool handle not live");
+            // SAFETY: same contract; `len` bytes follow the header inside the slot.
+            unsafe {
+                std::slice::from_raw_parts(p.wrapping_add(HDR), (hdr & !HDR_TAG_MASK) as usize)
+            }
+        }
+    }
+
+    /// Free an object.
+    ///
+    /// # Panics
+    /// On a handle that is not live: freed twice, never issued, or forged. The check is cheap
+    /// (one atomic the free path touches anyway) and keeps a caller bug from handing one slot to
+    /// two objects later.
+    pub fn free(&self, h: PoolHandle) {
+        let (ci, chunk, slot) = h.decode();
+        let class = self
+            .classes
+            .get(ci)
+            .and_then(OnceLock::get)
+            .expect("invalid pool handle");
+        let mut guard = class.lock();
+        let st = &mut *guard;
+        let ch = st.chunks.get_mut(chunk).expect("invalid pool handle");
+        assert!(
+            !ch.base.is_null() && slot < ch.bump as usize,
+            "pool handle not live"
+        );
+        let p = ch.base.wrapping_add(slot * class.size);
+        let len = if class.page_sized {
+            // SAFETY: ChunkInfo lives as long as the pool.
+            let info = unsafe { ch.info.as_ref() };
+            let len = info.lens[slot].swap(0, Ordering::AcqRel);
+            assert!(len != 0, "pool handle freed twice or never stored");
+            len
+        } else {
+            // SAFETY: slot < bump, so the slot lies in the populated part of a mapped chunk.
+            let hdr = unsafe { header(p) };
+            let v = hdr.load(Ordering::Acquire);
+            assert_eq!(
+                v & HDR_TAG_MASK,
+                HDR_LIVE,
+                "pool handle freed twice or never stored"
+            );
+            hdr.store(HDR_FREE, Ordering::Relaxed);
+            v & !HDR_TAG_MASK
+        };
+        ch.used -= 1;
+        let stored = self.stored.fetch_sub(len as u64, Ordering::Relaxed) - len as u64;
+        self.live.fetch_sub(1, Ordering::Relaxed);
+        let size = class.size as u64;
+
+        if !class.page_sized {
+            if ch.used == 0 {
+                // Every slot is free: give back the whole populated prefix.
+                let resident = class.covered(ch.bump as usize);
+                self.footprint.fetch_sub(resident, Ordering::Relaxed);
+                self.retire(class, st, chunk, resident as usize);
+            } else {
+                ch.free.push(slot as u16);
+                push_once(&mut st.free_stack, ch, chunk, IN_FREE);
+            }
+            return;
+        }
+
+        let limit = SLACK_FLOOR.max(stored / SLACK_DIVISOR);
+        if self.slack.load(Ordering::Relaxed) + size > limit {
+            // SAFETY: the slot was just freed and is page-aligned and page-sized.
+            unsafe { dontneed(p, class.size) };
+            self.footprint.fetch_sub(size, Ordering::Relaxed);
+            ch.released.push(slot as u16);
+            push_once(&mut st.rel_stack, ch, chunk, IN_REL);
+        } else {
+            self.slack.fetch_add(size, Ordering::Relaxed);
+            ch.free.push(slot as u16);
+            push_once(&mut st.free_stack, ch, chunk, IN_FREE);
+        }
+        if ch.used == 0 && ch.free.is_empty() {
+            self.retire(class, st, chunk, 0);
+        }
+    }
+
+    /// Physical bytes the pool holds now: every page it has touched and not released.
+    pub fn footprint_bytes(&self) -> u64 {
+        self.footprint.load(Ordering::Relaxed)
+    }
+
+    /// Sum of the lengths of live objects (what zswap calls compressed size).
+    pub fn stored_bytes(&self) -> u64 {
+        self.stored.load(Ordering::Relaxed)
+    }
+
+    /// Number of live objects.
+    pub fn live_objects(&self) -> u64 {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Populated free memory that `shrink_slack` could release now (page classes only; free
+    /// sub-page slots share pages with live objects and are released with their whole chunk).
+    pub fn slack_bytes(&self) -> u64 {
+        self.slack.load(Ordering::Relaxed)
+    }
+
+    /// Release populated free memory back to the OS (MADV_DONTNEED) down to `keep` bytes of slack.
+    /// Largest classes go first: fewest syscalls per byte released.
+    pub fn shrink_slack(&self, keep: u64) {
+        for class in self.classes[NR_SUB..]
+            .iter()
+            .rev()
+            .filter_map(OnceLock::get)
+        {
+            if self.slack_bytes() <= keep {
+                return;
+            }
+            let mut guard = class.lock();
+            let st = &mut *guard;
+            loop {
+                let slack = self.slack_bytes();
+                if slack <= keep {
+                    break;
+                }
+                let Some(i) = top_valid(&mut st.free_stack, &mut st.chunks, IN_FREE, |c| {
+                    !c.free.is_empty()
+                }) else {
+                    break;
+                };
+                let ch = &mut st.chunks[i];
+                let want = (slack - keep).div_ceil(class.size as u64) as usize;
+                let n = want.min(ch.free.len());
+                let mut slots = ch.free.split_off(ch.free.len() - n);
+                slots.sort_unstable();
+                let mut k = 0;
+                while k < n {
+                    let start = slots[k] as usize;
+                    let mut end = start + 1;
+                    k += 1;
+                    while k < n && slots[k] as usize == end {
+                        end += 1;
+                        k += 1;
+                    }
+                    // SAFETY: these slots are free (taken off the free list under the lock) and
+                    // page-aligned, page-sized, inside the chunk's mapping.
+                    unsafe {
+                        dontneed(
+                            ch.base.wrapping_add(start * class.size),
+                            (end - start) * class.size,
+                        )
+                    };
+                }
+                let bytes = (n * class.size) as u64;
+                self.footprint.fetch_sub(bytes, Ordering::Relaxed);
+                self.slack.fetch_sub(bytes, Ordering::Relaxed);
+                ch.released.extend_from_slice(&slots);
+                push_once(&mut st.rel_stack, ch, i, IN_REL);
+                if ch.used == 0 && ch.free.is_empty() {
+                    self.retire(class, st, i, 0);
+                }
+            }
+        }
+    }
+
+    /// Reserve `growth` bytes of footprint against the cap, atomically with respect to every
+    /// other reservation, so concurrent stores can never overshoot the cap together.
+    fn reserve(&self, growth: u64) -> bool {
+        if growth == 0 {
+            return true;
+        }
+        let cap = self.cap();
+        self.footprint
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |fp| {
+                (fp + growth <= cap).then_some(fp + growth)
+            })
+            .is_ok()
+    }
+
+    /// Pick a slot under the class lock, cheapest first: populated free (no growth), released
+    /// or never-used slots in chunks that hold objects, the spare chunk, a new chunk.
+    fn take_slot(&self, class: &Class) -> Result<Taken, PoolError> {
+        let mut guard = class.lock();
+        let st = &mut *guard;
+        let slots = class.slots as u32;
+        let (pick, growth) = if let Some(i) =
+            top_valid(&mut st.free_stack, &mut st.chunks, IN_FREE, |c| {
+                !c.free.is_empty()
+            }) {
+            (Pick::Free(i), 0)
+        } else if let Some(i) = top_valid(&mut st.rel_stack, &mut st.chunks, IN_REL, |c| {
+            !c.released.is_empty()
+        }) {
+            (Pick::Released(i), class.size as u64)
+        } else if let Some(i) = top_valid(&mut st.room_stack, &mut st.chunks, IN_ROOM, |c| {
+            c.bump > 0 && c.bump < slots
+        }) {
+            let b = st.chunks[i].bump as usize;
+            (Pick::Room(i), class.covered(b + 1) - class.covered(b))
+        } else if let Some(i) = st.spare {
+            (Pick::Spare(i as usize), class.covered(1))
+        } else {
+            (Pick::New, class.covered(1))
+        };
+        if !self.reserve(growth) {
+            return Ok(Taken::Over { growth });
+        }
+        let (i, slot) = match pick {
+            Pick::Free(i) => {
+                let slot = st.chunks[i]
+                    .free
+                    .pop()
+                    .expect("top_valid checked non-empty");
+                if class.page_sized {
+                    self.slack.fetch_sub(class.size as u64, Ordering::Relaxed);
+                }
+                (i, slot as usize)
+            }
+            Pick::Released(i) => {
+                let slot = st.chunks[i]
+                    .released
+                    .pop()
+                    .expect("top_valid checked non-empty");
+                (i, slot as usize)
+            }
+            Pick::Room(i) => {
+                let ch = &mut st.chunks[i];
+                ch.bump += 1;
+                (i, ch.bump as usize - 1)
+            }
+            Pick::Spare(i) => {
+                st.spare = None;
+                (i, 0)
+            }
+            Pick::New => match self.new_chunk(class, st) {
+                Ok(i) => (i, 0),
+                Err(e) => {
+                    self.footprint.fetch_sub(growth, Ordering::Relaxed);
+                    return Err(e);
+                }
+            },
+        };
+        let ch = &mut st.chunks[i];
+        if matches!(pick, Pick::Spare(_) | Pick::New) {
+            ch.bump = 1;
+            if slots > 1 {
+                push_once(&mut st.room_stack, ch, i, IN_ROOM);
+            }
+        }
+        ch.used += 1;
+        Ok(Taken::Slot {
+            chunk: i,
+            slot,
+            base: ch.base,
+            info: ch.info,
+        })
+    }
+
+    fn new_chunk(&self, class: &Class, st: &mut ClassState) -> Result<usize, PoolError> {
+        if st.vacant.is_empty() && st.chunks.len() >= MAX_CHUNKS {
+            return Err(PoolError::OutOfMemory {
+                errno: libc::ENOMEM,
+            });
+        }
+        let base = map_chunk(class.map_len)?;
+        if let Some(i) = st.vacant.pop() {
+            let ch = &mut st.chunks[i as usize];
+            ch.base = base;
+            // SAFETY: ChunkInfo lives as long as the pool.
+            unsafe { ch.info.as_ref() }
+                .base
+                .store(base, Ordering::Release);
+            return Ok(i as usize);
+        }
+        let i = st.chunks.len();
+        let lens_len = if class.page_sized { class.slots } else { 0 };
+        let info = Box::into_raw(Box::new(ChunkInfo {
+            base: AtomicPtr::new(base),
+            lens: (0..lens_len).map(|_| AtomicU32::new(0)).collect(),
+        }));
+        class.publish(i, info);
+        st.chunks.push(ChunkState {
+            base,
+            info: NonNull::new(info).expect("Box::into_raw is non-null"),
+            bump: 0,
+            used: 0,
+            free: Vec::new(),
+            released: Vec::new(),
+            stacks: 0,
+        });
+        Ok(i)
+    }
+
+    /// A chunk has no live object and no populated free slot (beyond `resident` bytes from its
+    /// base, which the caller has already taken out of the footprint). Keep it as the class's
+    /// spare, or unmap it if there already is one.
+    fn retire(&self, class: &Class, st: &mut ClassState, i: usize, resident: usize) {
+        let ch = &mut st.chunks[i];
+        debug_assert_eq!(ch.used, 0);
+        ch.bump = 0;
+        ch.free = Vec::new();
+        ch.released = Vec::new();
+        if st.spare.is_none() {
+            if resident > 0 {
+                // SAFETY: no slot of this chunk is live; `resident` is a page multiple from base.
+                unsafe { dontneed(ch.base, resident) };
+            }
+            st.spare = Some(i as u32);
+        } else {
+            // SAFETY: no live object remains in the chunk, so no valid handle points into it; the
+            // table entry is cleared below and the index is only reused for a new mapping.
+            unsafe { unmap(ch.base, class.map_len) };
+            ch.base = ptr::null_mut();
+            // SAFETY: ChunkInfo lives as long as the pool.
+            unsafe { ch.info.as_ref() }
+                .base
+                .store(ptr::null_mut(), Ordering::Release);
+            st.vacant.push(i as u32);
+        }
+    }
+
+    /// Test support: resident bytes of all mappings according to mincore(2).
+    #[cfg(test)]
+    fn resident_bytes(&self) -> u64 {
+        let mut total = 0u64;
+        for class in self.classes.iter().filter_map(OnceLock::get) {
+            let st = class.lock();
+            let mut vec = vec![0u8; class.map_len / PAGE];
+            for ch in st.chunks.iter().filter(|c| !c.base.is_null()) {
+                // SAFETY: base/map_len describe a live mapping; vec has one byte per page.
+                let rc = unsafe { libc::mincore(ch.base.cast(), class.map_len, vec.as_mut_ptr()) };
+                assert_eq!(rc, 0);
+                total += vec.iter().filter(|&&b| b & 1 != 0).count() as u64 * PAGE as u64;
+            }
+        }
+        total
+    }
+
+    /// Test support: recompute the counters from the per-chunk state (quiescent pool only).
+    #[cfg(test)]
+    fn check_accounting(&self) {
+        let (mut footprint, mut slack, mut used) = (0u64, 0u64, 0u64);
+        for class in self.classes.iter().filter_map(OnceLock::get) {
+            let st = class.lock();
+            for (i, ch) in st.chunks.iter().enumerate() {
+                used += ch.used as u64;
+                if ch.base.is_null() {
+                    assert_eq!((ch.bump, ch.used), (0, 0));
+                    continue;
+                }
+                assert!(ch.bump as usize <= class.slots);
+                if class.page_sized {
+                    footprint += (ch.bump as u64 - ch.released.len() as u64) * class.size as u64;
+                    slack += ch.free.len() as u64 * class.size as u64;
+                } else {
+                    footprint += class.covered(ch.bump as usize);
+                    assert!(ch.released.is_empty());
+                }
+                assert_eq!(
+                    ch.used as usize + ch.free.len() + ch.released.len(),
+                    ch.bump as usize
+                );
+                if st.spare == Some(i as u32) {
+                    assert_eq!(ch.bump, 0);
+                }
+            }
+        }
+        assert_eq!(footprint, self.footprint_bytes(), "footprint");
+        assert_eq!(slack, self.slack_bytes(), "slack");
+        assert_eq!(used, self.live_objects(), "live");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn splitmix(mut x: u64) -> u64 {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^ (x >> 31)
+    }
+
+    fn content(seed: u64, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        for (j, w) in v.chunks_mut(8).enumerate() {
+            let bytes = splitmix(seed ^ (j as u64).wrapping_mul(0x1000_0000_01B3)).to_le_bytes();
+            w.copy_from_slice(&bytes[..w.len()]);
+        }
+        v
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn pool_is_send_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<ZPool>();
+    }
+
+    #[test]
+    fn class_geometry() {
+        assert_eq!(NR_CLASSES, 63 + 513);
+        assert_eq!(class_index(0), 0);
+        assert_eq!(class_index(60), 0);
+        assert_eq!(class_index(61), 1);
+        assert_eq!(class_index(SUB_MAX - HDR), NR_SUB - 1);
+        assert_eq!(class_index(SUB_MAX - HDR + 1), NR_SUB);
+        assert_eq!(class_index(4096), NR_SUB);
+        assert_eq!(class_index(4097), NR_SUB + 1);
+        assert_eq!(class_index(2 << 20), NR_SUB + 511);
+        assert_eq!(class_index(ZPool::MAX_OBJECT), NR_CLASSES - 1);
+        for ci in 0..NR_CLASSES {
+            let c = Class::new(ci);
+            assert!(c.slots >= 1 && c.slots <= 1 << SLOT_BITS);
+            assert!(c.slots * c.size <= c.map_len && c.map_len <= CHUNK_BYTES.max(c.size));
+        }
+        let h = PoolHandle::new(NR_CLASSES - 1, MAX_CHUNKS - 1, (1 << SLOT_BITS) - 1);
+        assert!(h.to_raw() >> PoolHandle::BITS == 0);
+        assert_eq!(
+            h.decode(),
+            (NR_CLASSES - 1, MAX_CHUNKS - 1, (1 << SLOT_BITS) - 1)
+        );
+        assert_ne!(PoolHandle::new(0, 0, 0).to_raw(), 0);
+    }
+
+    #[test]
+    fn round_trip_sizes() {
+        let pool = ZPool::new(u64::MAX);
+        let sizes = [
+            0,
+            1,
+            63,
+            64,
+            4028,
+            4029,
+            4095,
+            4096,
+            4097,
+            65536,
+            2 << 20,
+            ZPool::MAX_OBJECT,
+        ];
+        let handles: Vec<_> = sizes
+            .iter()
+            .map(|&len| {
+                let h = pool.store(&content(len as u64, len)).unwrap();
+                assert_eq!(PoolHandle::from_raw(h.to_raw()), h);
+                (h, len)
+            })
+            .collect();
+        assert_eq!(pool.live_objects(), sizes.len() as u64);
+        assert_eq!(pool.stored_bytes(), sizes.iter().sum::<usize>() as u64);
+        for &(h, len) in &handles {
+            // SAFETY: h is live.
+            assert_eq!(unsafe { pool.get(h) }, &content(len as u64, len)[..]);
+        }
+        pool.check_accounting();
+        assert!(pool.resident_bytes() <= pool.footprint_bytes());
+        for (h, _) in handles {
+            pool.free(h);
+        }
+        assert_eq!((pool.live_objects(), pool.stored_bytes()), (0, 0));
+        pool.check_accounting();
+    }
+
+    #[test]
+    fn raw_folios_cost_exactly_their_pages() {
+        let pool = ZPool::new(u64::MAX);
+        let a = pool.store(&[7u8; 4096]).unwrap();
+        assert_eq!(pool.footprint_bytes(), 4096);
+        let b = pool.store(&vec![9u8; 2 << 20]).unwrap();
+        assert_eq!(pool.footprint_bytes(), 4096 + (2 << 20));
+        assert_eq!(pool.resident_bytes(), pool.footprint_bytes());
+        pool.free(a);
+        pool.free(b);
+    }
+
+    #[test]
+    fn too_large() {
+        let pool = ZPool::new(u64::MAX);
+        let data = vec![0u8; ZPool::MAX_OBJECT + 1];
+        assert_eq!(
+            pool.store(&data),
+            Err(PoolError::TooLarge {
+                len: ZPool::MAX_OBJECT + 1,
+                max: ZPool::MAX_OBJECT
+            })
+        );
+        assert_eq!((pool.footprint_bytes(), pool.live_objects()), (0, 0));
+    }
+
+    #[test]
+    fn full_at_cap_leaves_stored_objects_alone() {
+        let cap = 1 << 20;
+        let pool = ZPool::new(cap);
+        let mut live = Vec::new();
+        let err = loop {
+            let seed = live.len() as u64;
+            match pool.store(&content(seed, 65536)) {
+                Ok(h) => live.push((h, seed)),
+                Err(e) => break e,
+            }
+            assert!(live.len() <= 16);
+        };
+        assert_eq!(live.len(), 16);
+        assert_eq!(
+            err,
+            PoolError::Full {
+                needed: 65536,
+                footprint: cap,
+                cap
+            }
+        );
+        // Small objects need a fresh page too, and fail the same way.
+        assert!(matches!(
+            pool.store(&[1u8; 10]),
+            Err(PoolError::Full { .. })
+        ));
+        assert_eq!(pool.footprint_bytes(), cap);
+        for &(h, seed) in &live {
+            // SAFETY: h is live.
+            assert_eq!(unsafe { pool.get(h) }, &content(seed, 65536)[..]);
+        }
+        // A freed slot is populated, so reusing it is allowed even at the cap.
+        let (h, _) = live.swap_remove(3);
+        pool.free(h);
+        let h = pool.store(&content(99, 65000)).unwrap();
+        // SAFETY: h is live.
+        assert_eq!(unsafe { pool.get(h) }, &content(99, 65000)[..]);
+        assert_eq!(pool.footprint_bytes(), cap);
+        pool.check_accounting();
+        // Raising the cap lets it grow again.
+        pool.set_cap(2 * cap);
+        pool.store(&[1u8; 10]).unwrap();
+    }
+
+    #[test]
+    fn full_releases_slack_of_other_classes_first() {
+        let pool = ZPool::new(4 * MIB);
+        let big: Vec<_> = (0..4)
+            .map(|i| pool.store(&content(i, MIB as usize - 100)).unwrap())
+            .collect();
+        assert_eq!(pool.footprint_bytes(), 4 * MIB);
+        for h in big {
+            pool.free(h);
+        }
+        // Within the 8 MiB slack floor: still populated, still counted.
+        assert_eq!(pool.slack_bytes(), 4 * MIB);
+        assert_eq!(pool.footprint_bytes(), 4 * MIB);
+        // A different class needs fresh pages; the store releases slack instead of failing.
+        let small: Vec<_> = (0..64)
+            .map(|i| pool.store(&content(i, 30000)).unwrap())
+            .collect();
+        assert!(pool.footprint_bytes() <= 4 * MIB);
+        for (i, &h) in small.iter().enumerate() {
+            // SAFETY: h is live.
+            assert_eq!(unsafe { pool.get(h) }, &content(i as u64, 30000)[..]);
+        }
+        pool.check_accounting();
+        assert!(pool.resident_bytes() <= pool.footprint_bytes());
+    }
+
+    #[test]
+    fn footprint_drops_beyond_slack_and_after_shrink() {
+        let pool = ZPool::new(u64::MAX);
+        let n = 24u64;
+        let hs: Vec<_> = (0..n)
+            .map(|i| pool.store(&content(i, MIB as usize)).unwrap())
+            .collect();
+        assert_eq!(pool.footprint_bytes(), n * MIB);
+        assert_eq!(pool.resident_bytes(), n * MIB);
+        for h in hs {
+            pool.free(h);
+        }
+        // Slack is bounded by max(8 MiB, stored/16) = 8 MiB; the rest went back immediately.
+        assert!(pool.slack_bytes() <= SLACK_FLOOR);
+        assert_eq!(pool.footprint_bytes(), pool.slack_bytes());
+        assert!(pool.footprint_bytes() < n * MIB);
+        assert_eq!(pool.resident_bytes(), pool.footprint_bytes());
+        pool.check_accounting();
+        pool.shrink_slack(0);
+        assert_eq!((pool.footprint_bytes(), pool.slack_bytes()), (0, 0));
+        assert_eq!(pool.resident_bytes(), 0);
+        pool.check_accounting();
+    }
+
+    #[test]
+    fn sub_page_chunks_released_when_empty() {
+        let pool = ZPool::new(u64::MAX);
+        // 3 chunks' worth of 100-byte objects (class 128).
+        let per_chunk = CHUNK_BYTES / 128;
+        let hs: Vec<_> = (0..3 * per_chunk)
+            .map(|i| pool.store(&content(i as u64, 100)).unwrap())
+            .collect();
+        assert_eq!(pool.footprint_bytes(), 3 * CHUNK_BYTES as u64);
+        // Free all but one object: two chunks empty out completely, one keeps a live object.
+        for &h in &hs[1..] {
+            pool.free(h);
+        }
+        assert_eq!(pool.footprint_bytes(), CHUNK_BYTES as u64);
+        assert!(pool.resident_bytes() <= pool.footprint_bytes());
+        pool.check_accounting();
+        pool.free(hs[0]);
+        assert_eq!(pool.footprint_bytes(), 0);
+        assert_eq!(pool.resident_bytes(), 0);
+        pool.check_accounting();
+    }
+
+    #[test]
+    fn reuse_does_not_grow_footprint() {
+        let pool = ZPool::new(u64::MAX);
+        for len in [100usize, 3000, 4096, 20000, 1 << 20] {
+            let hs: Vec<_> = (0..8)
+                .map(|i| pool.store(&content(i, len)).unwrap())
+                .collect();
+            let fp = pool.footprint_bytes();
+            for h in hs {
+                pool.free(h);
+            }
+            // Keep one object alive so the sub-page chunk is not released as a whole.
+            let keep = pool.store(&content(1000, len)).unwrap();
+            for _ in 0..5 {
+                let hs: Vec<_> = (0..7)
+                    .map(|i| pool.store(&content(i, len)).unwrap())
+                    .collect();
+                assert_eq!(pool.footprint_bytes(), fp, "len {len}");
+                for h in hs {
+                    pool.free(h);
+                }
+            }
+            pool.free(keep);
+            pool.check_accounting();
+        }
+    }
+
+    #[test]
+    fn empty_chunks_are_unmapped_and_their_index_reused() {
+        let pool = ZPool::new(u64::MAX);
+        let len = 3 * CHUNK_BYTES / 4; // one slot per chunk
+        let round = |base: u64| -> Vec<PoolHandle> {
+            (0..4)
+                .map(|i| pool.store(&content(base + i, len)).unwrap())
+                .collect()
+        };
+        let first = round(0);
+        let chunks: Vec<_> = first.iter().map(|h| h.decode().1).collect();
+        for h in first {
+            pool.free(h);
+        }
+        pool.shrink_slack(0);
+        // One empty chunk stays mapped as the spare; the other three are unmapped.
+        let class = pool.classes[class_index(len)].get().unwrap();
+        {
+            let st = class.lock();
+            assert!(st.spare.is_some());
+            assert_eq!(st.vacant.len(), 3);
+        }
+        assert_eq!((pool.footprint_bytes(), pool.resident_bytes()), (0, 0));
+        pool.check_accounting();
+        let second = round(10);
+        let mut again: Vec<_> = second.iter().map(|h| h.decode().1).collect();
+        again.sort_unstable();
+        assert_eq!(again, chunks, "chunk indices are reused");
+        for (i, &h) in second.iter().enumerate() {
+            // SAFETY: h is live.
+            assert_eq!(unsafe { pool.get(h) }, &content(10 + i as u64, len)[..]);
+        }
+        assert_eq!(pool.resident_bytes(), pool.footprint_bytes());
+        pool.check_accounting();
+        for h in second {
+            pool.free(h);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "freed twice")]
+    fn double_free_panics_page_class() {
+        let pool = ZPool::new(u64::MAX);
+        let keep = pool.store(&[1u8; 8000]).unwrap();
+        let h = pool.store(&[1u8; 8000]).unwrap();
+        pool.free(h);
+        let _ = keep;
+        pool.free(h);
+    }
+
+    #[test]
+    #[should_panic(expected = "freed twice")]
+    fn double_free_panics_sub_page() {
+        let pool = ZPool::new(u64::MAX);
+        let _keep = pool.store(&[1u8; 100]).unwrap();
+        let h = pool.store(&[1u8; 100]).unwrap();
+        pool.free(h);
+        pool.free(h);
+    }
+
+    #[test]
+    fn forged_handles_panic() {
+        let pool = ZPool::new(u64::MAX);
+        let h = pool.store(&[1u8; 100]).unwrap();
+        for raw in [
+            1u64,
+            h.to_raw() + 1,
+            h.to_raw() + (1 << SLOT_BITS),
+            (NR_CLASSES as u64 + 1) << 33,
+        ] {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                pool.free(PoolHandle(raw))
+            }));
+            assert!(r.is_err(), "{raw:#x}");
+        }
+        // The pool still works after the rejected frees.
+        // SAFETY: h is live.
+        assert_eq!(unsafe { pool.get(h) }, &[1u8; 100][..]);
+        pool.free(h);
+        pool.check_accounting();
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Store { len: usize, seed: u64 },
+        Free(usize),
+        Shrink(u64),
+    }
+
+    fn len_strategy() -> impl Strategy<Value = usize> {
+        prop_oneof![
+            8 => 0usize..=200,
+            6 => 201usize..=4200,
+            3 => 4201usize..=70_000,
+            1 => 70_001usize..=ZPool::MAX_OBJECT,
+            1 => prop::sample::select(vec![4028usize, 4029, 4096, 8192, 2 << 20, ZPool::MAX_OBJECT]),
+        ]
+    }
+
+    fn op_strategy() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            10 => (len_strategy(), any::<u64>()).prop_map(|(len, seed)| Op::Store { len, seed }),
+            7 => any::<usize>().prop_map(Op::Free),
+            1 => prop_oneof![Just(0u64), 0u64..(16 << 20)].prop_map(Op::Shrink),
+        ]
+    }
+
+    fn check_no_overlap(pool: &ZPool, model: &[(PoolHandle, usize, u64)]) {
+        let mut ranges: Vec<(usize, usize)> = model
+            .iter()
+            .map(|&(h, len, _)| {
+                // SAFETY: every handle in the model is live.
+                let s = unsafe { pool.get(h) };
+                assert_eq!(s.len(), len);
+                (s.as_ptr() as usize, len)
+            })
+            .collect();
+        ranges.sort_unstable();
+        for w in ranges.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0, "live objects overlap: {w:?}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        #[test]
+        fn random_ops_match_model(
+            cap in prop::sample::select(vec![MIB, 4 * MIB, 16 * MIB]),
+            ops in prop::collection::vec(op_strategy(), 1..160),
+        ) {
+            let pool = ZPool::new(cap);
+            let mut model: Vec<(PoolHandle, usize, u64)> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Store { len, seed } => {
+                        let data = content(seed, len);
+                        let before = (pool.stored_bytes(), pool.live_objects());
+                        match pool.store(&data) {
+                            Ok(h) => {
+                                // SAFETY: h was just stored.
+                                prop_assert_eq!(unsafe { pool.get(h) }, &data[..]);
+                                model.push((h, len, seed));
+                            }
+                            Err(PoolError::Full { needed, footprint, cap: c }) => {
+                                prop_assert_eq!(c, cap);
+                                prop_assert!(needed > 0 && footprint + needed > cap);
+                                prop_assert_eq!((pool.stored_bytes(), pool.live_objects()), before);
+                            }
+                            Err(e) => prop_assert!(false, "unexpected {e:?}"),
+                        }
+                    }
+                    Op::Free(i) if !model.is_empty() => {
+                        let (h, len, seed) = model.swap_remove(i % model.len());
+                        // SAFETY: h is live until the free below.
+                        prop_assert_eq!(unsafe { pool.get(h) }, &content(seed, len)[..]);
+                        pool.free(h);
+                    }
+                    Op::Free(_) => {}
+                    Op::Shrink(keep) => {
+                        pool.shrink_slack(keep);
+                        prop_assert!(pool.slack_bytes() <= keep);
+                    }
+                }
+                let stored: usize = model.iter().map(|m| m.1).sum();
+                prop_assert_eq!(pool.stored_bytes(), stored as u64);
+                prop_assert_eq!(pool.live_objects(), model.len() as u64);
+                prop_assert!(pool.footprint_bytes() <= cap);
+                prop_assert!(pool.footprint_bytes() >= pool.stored_bytes());
+                check_no_overlap(&pool, &model);
+            }
+            pool.check_accounting();
+            prop_assert!(pool.resident_bytes() <= pool.footprint_bytes());
+            for &(h, len, seed) in &model {
+                // SAFETY: h is live.
+                prop_assert_eq!(unsafe { pool.get(h) }, &content(seed, len)[..]);
+            }
+            for (h, _, _) in model.drain(..) {
+                pool.free(h);
+            }
+            pool.shrink_slack(0);
+            prop_assert_eq!((pool.stored_bytes(), pool.live_objects(), pool.footprint_bytes()), (0, 0, 0));
+            prop_assert_eq!(pool.resident_bytes(), 0);
+        }
+    }
+
+    fn thread_workload(pool: &ZPool, tid: u64, ops: usize, tolerate_full: bool) {
+        let mut rng = splitmix(tid + 1);
+        let mut next = move || {
+            rng = splitmix(rng);
+            rng
+        };
+        let mut mine: Vec<(PoolHandle, usize, u64)> = Vec::new();
+        for _ in 0..ops {
+            let r = next();
+            match r % 100 {
+                0..=49 if mine.len() < 64 => {
+                    let len = match next() % 100 {
+                        0..=69 => (next() % 4096) as usize,
+                        70..=96 => 4096 + (next() % 61440) as usize,
+                        _ => 65536 + (next() % (ZPool::MAX_OBJECT as u64 - 65535)) as usize,
+                    };
+                    let seed = next();
+                    match pool.store(&content(seed, len)) {
+                        Ok(h) => mine.push((h, len, seed)),
+                        Err(PoolError::Full { .. }) if tolerate_full => {
+                            if !mine.is_empty() {
+                                let (h, len, seed) = mine.swap_remove(0);
+                                // SAFETY: h is live (only this thread frees it).
+                                assert_eq!(unsafe { pool.get(h) }, &content(seed, len)[..]);
+                                pool.free(h);
+                            }
+                        }
+                        Err(e) => panic!("thread {tid}: {e}"),
+                    }
+                }
+                0..=84 if !mine.is_empty() => {
+                    let (h, len, seed) = mine.swap_remove((next() % mine.len() as u64) as usize);
+                    // SAFETY: h is live (only this thread frees it).
+                    assert_eq!(unsafe { pool.get(h) }, &content(seed, len)[..]);
+                    pool.free(h);
+                }
+                85..=89 => pool.shrink_slack(next() % (4 << 20)),
+                _ if !mine.is_empty() => {
+                    let (h, len, seed) = mine[(next() % mine.len() as u64) as usize];
+                    // SAFETY: h is live (only this thread frees it).
+                    assert_eq!(unsafe { pool.get(h) }, &content(seed, len)[..]);
+                }
+                _ => {}
+            }
+            assert!(pool.footprint_bytes() <= pool.cap());
+        }
+        for (h, len, seed) in mine {
+            // SAFETY: h is live (only this thread frees it).
+            assert_eq!(unsafe { pool.get(h) }, &content(seed, len)[..]);
+            pool.free(h);
+        }
+    }
+
+    #[test]
+    fn threads_share_one_pool() {
+        let pool = ZPool::new(u64::MAX);
+        std::thread::scope(|s| {
+            for tid in 0..4 {
+                let pool = &pool;
+                s.spawn(move || thread_workload(pool, tid, 3000, false));
+            }
+        });
+        assert_eq!((pool.stored_bytes(), pool.live_objects()), (0, 0));
+        pool.check_accounting();
+        pool.shrink_slack(0);
+        assert_eq!(pool.footprint_bytes(), 0);
+        assert_eq!(pool.resident_bytes(), 0);
+    }
+
+    #[test]
+    fn threads_under_a_tight_cap() {
+        let pool = ZPool::new(6 * MIB);
+        std::thread::scope(|s| {
+            for tid in 0..4 {
+                let pool = &pool;
+                s.spawn(move || thread_workload(pool, 100 + tid, 2000, true));
+            }
+        });
+        assert_eq!((pool.stored_bytes(), pool.live_objects()), (0, 0));
+        assert!(pool.footprint_bytes() <= 6 * MIB);
+        pool.check_accounting();
+        pool.shrink_slack(0);
+        assert_eq!(pool.footprint_bytes(), 0);
+    }
+}
