@@ -1,1 +1,54 @@
-fn main() {}
+//! The `folioswap` command: benchmarks of the engine (and, later, running programs under it).
+
+mod pattern;
+mod progress;
+mod usemem;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "folioswap", version, about = "The kernel's modern swap design in user space: whole-folio swap through a compressed pool")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Benchmarks (results go in BENCHMARKS.md with their command lines).
+    #[command(subcommand)]
+    Bench(Bench),
+    /// List the FOLIOSWAP_* environment variables and what they accept.
+    Env,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// vm-scalability's usemem inside the engine: write every word for R rounds, verify.
+    Usemem(usemem::UsememArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Bench(Bench::Usemem(args)) => usemem::run(args),
+        Command::Env => {
+            for (name, accepted) in folioswap::ENV_VARS {
+                println!("{name:<28} {accepted}");
+            }
+            Ok(true)
+        }
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("folioswap: verification FAILED");
+            ExitCode::from(1)
+        }
+        Err(msg) => {
+            eprintln!("folioswap: {msg}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -283,18 +283,38 @@ impl Shared {
             if self.reclaim.wait_for_progress() {
                 continue;
             }
-            let pool_fp = self.zswap.pool.footprint_bytes();
-            return Err(format!(
-                "cannot keep memory_high={}: {} charged ({} resident, {} pool{}), the compressed pool is \
-                 full ({} of max_pool {}) and there is no swap file to write back to",
-                format_bytes(self.memcg.limit.unwrap_or(0)),
-                format_bytes(self.memcg.usage(pool_fp)),
-                format_bytes(self.memcg.get(Component::Resident)),
-                format_bytes(pool_fp),
-                if self.memcg.charge_pool { ", charged" } else { "" },
-                format_bytes(pool_fp),
-                format_bytes(self.zswap.pool.cap()),
-            ));
+            if self.staging.drain_reserve(&self.memcg) > 0 {
+                continue;
+            }
+            return Err(self.oom_reason());
+        }
+    }
+
+    /// Why memory_high cannot be kept: the message a refused fault carries.
+    fn oom_reason(&self) -> String {
+        let pool = &self.zswap.pool;
+        let fp = pool.footprint_bytes();
+        let limit = format_bytes(self.memcg.limit.unwrap_or(0));
+        let usage = format!(
+            "{} charged: {} resident, {} in the swap cache, {} pool{}",
+            format_bytes(self.memcg.usage(fp)),
+            format_bytes(self.memcg.get(Component::Resident)),
+            format_bytes(self.memcg.get(Component::SwapCache)),
+            format_bytes(fp),
+            if self.memcg.charge_pool { " (charged)" } else { "" }
+        );
+        if self.reclaim.pool_is_full() {
+            format!(
+                "cannot keep memory_high={limit} ({usage}): the compressed pool is full ({} of max_pool {}) \
+                 and there is no swap file to write back to; raise max_pool or memory_high",
+                format_bytes(fp),
+                format_bytes(pool.cap())
+            )
+        } else {
+            format!(
+                "cannot keep memory_high={limit} ({usage}): every resident folio is in use by a fault in \
+                 progress; raise memory_high or use a smaller folio size"
+            )
         }
     }
 

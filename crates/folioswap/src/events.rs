@@ -214,26 +214,7 @@ impl Shared {
                 return Err(ApplyError::WaitWriteback);
             }
             e.clear_locked(PENDING);
-            let mut actions = vec![Action::Keep; folio.pages()];
-            let mut force_split = false;
-            for ev in self.events.pending.lock().unwrap().iter() {
-                if !Arc::ptr_eq(&ev.table, table) {
-                    continue;
-                }
-                let lo = ev.page.max(target);
-                let hi = (ev.page + ev.pages).min(target + folio.pages());
-                if lo >= hi {
-                    continue;
-                }
-                for a in &mut actions[lo - target..hi - target] {
-                    match ev.kind {
-                        EventKind::Remove if *a == Action::Keep => *a = Action::Zero,
-                        EventKind::Unmap => *a = Action::Gone,
-                        EventKind::Split => force_split = true,
-                        EventKind::Remove => {}
-                    }
-                }
-            }
+            let (actions, force_split) = self.pending_actions(table, target, folio);
             let uniform = actions.iter().all(|&a| a == actions[0]);
             if folio.pages() == 1 || (uniform && !force_split) {
                 match actions[0] {
@@ -246,6 +227,32 @@ impl Shared {
             }
         }
         Ok(())
+    }
+
+    /// What the pending events make of each page of the folio at `target`, and whether a
+    /// mapping boundary forces a split.
+    fn pending_actions(&self, table: &Arc<FolioTable>, target: usize, folio: FolioSize) -> (Vec<Action>, bool) {
+        let mut actions = vec![Action::Keep; folio.pages()];
+        let mut force_split = false;
+        for ev in self.events.pending.lock().unwrap().iter() {
+            if !Arc::ptr_eq(&ev.table, table) {
+                continue;
+            }
+            let lo = ev.page.max(target);
+            let hi = (ev.page + ev.pages).min(target + folio.pages());
+            if lo >= hi {
+                continue;
+            }
+            for a in &mut actions[lo - target..hi - target] {
+                match ev.kind {
+                    EventKind::Remove if *a == Action::Keep => *a = Action::Zero,
+                    EventKind::Unmap => *a = Action::Gone,
+                    EventKind::Split => force_split = true,
+                    EventKind::Remove => {}
+                }
+            }
+        }
+        (actions, force_split)
     }
 
     /// The whole folio is discarded: release its copy, leave it `kind`.
@@ -265,7 +272,6 @@ impl Shared {
         let e = table.entry(head);
         let s = e.load();
         let bytes = folio.bytes() as u64;
-        let keep = actions.iter().filter(|&&a| a == Action::Keep).count();
         // The folio's data, in a staging slot, for Pool and SwapCache folios.
         let slot = match s.kind() {
             Kind::Pool => {
@@ -296,35 +302,11 @@ impl Shared {
             }
             _ => None,
         };
-        let _gate = self.gate.read().unwrap();
-        if let Some(slot) = slot {
-            for (i, a) in actions.iter().enumerate() {
-                if *a != Action::Keep {
-                    let _ = self.staging.discard_range(slot, i * PAGE_SIZE, PAGE_SIZE);
-                }
-            }
-            for run in table.mapped_runs(head, folio.pages()) {
-                let off = (run.page - head) * PAGE_SIZE;
-                let src = self.staging.addr(slot) + off;
-                let mut done = 0;
-                let len = run.pages * PAGE_SIZE;
-                while done < len {
-                    match self.uffd.move_pages(run.addr + done, src + done, len - done, true) {
-                        Ok(()) => break,
-                        Err(err) if err.is(libc::EBUSY) || err.is(libc::EAGAIN) => {
-                            done += err.done;
-                            std::thread::yield_now();
-                        }
-                        Err(err) => {
-                            eprintln!("folioswap: moving a split folio's pages back to {:#x}: {err}", run.addr);
-                            break;
-                        }
-                    }
-                }
-            }
-            let _ = self.staging.discard_range(slot, 0, folio.bytes());
-            self.staging.put_hole(slot);
-        }
+        let mut actions = actions.to_vec();
+        let gate = match slot {
+            Some(slot) => self.move_split_pages(table, head, folio, slot, &mut actions),
+            None => self.gate.read().unwrap(),
+        };
         let was = s.kind();
         let page_kind = |a: Action| match (a, was) {
             (Action::Gone, _) => Kind::Gone,
@@ -333,10 +315,12 @@ impl Shared {
             (Action::Keep, other) => other,
         };
         if matches!(was, Kind::Resident | Kind::Pool | Kind::SwapCache) {
+            let keep = actions.iter().filter(|&&a| a == Action::Keep).count();
             let dropped = (folio.pages() - keep) * PAGE_SIZE;
             self.memcg.uncharge(Component::Resident, dropped as u64);
         }
         let pending = e.load().has(PENDING);
+        debug_assert!(!pending || slot.is_none(), "events were folded in while moving pages");
         for (i, &a) in actions.iter().enumerate() {
             let page = head + i;
             let kind = page_kind(a);
@@ -356,11 +340,90 @@ impl Shared {
             }
         }
         e.set_locked(e.load().with(SPLIT, true));
+        drop(gate);
         let sc = self.counters.size(folio);
         sc.split.inc();
         if folio.is_huge() {
             self.counters.vm.thp_split_page.inc();
         }
         Ok(())
+    }
+
+    /// Move the kept pages of a split folio from `slot` back to wherever they are mapped
+    /// now. Holds the gate shared throughout; when the kernel has an event queued (EAGAIN)
+    /// it reads the queue, folds any new event on this folio into `actions` (pages it
+    /// removes are dropped from the slot instead of being moved in after the kernel's
+    /// zap), and carries on with the pages not yet moved.
+    fn move_split_pages(
+        &self,
+        table: &Arc<FolioTable>,
+        head: usize,
+        folio: FolioSize,
+        slot: Slot,
+        actions: &mut [Action],
+    ) -> std::sync::RwLockReadGuard<'_, ()> {
+        let e = table.entry(head);
+        let base = self.staging.addr(slot);
+        let mut moved = vec![false; folio.pages()];
+        'again: loop {
+            let gate = self.gate.read().unwrap();
+            if e.load().has(PENDING) {
+                e.clear_locked(PENDING);
+                let (now, _) = self.pending_actions(table, head, folio);
+                for (a, n) in actions.iter_mut().zip(now) {
+                    if n != Action::Keep {
+                        *a = n;
+                    }
+                }
+            }
+            for (i, a) in actions.iter().enumerate() {
+                if *a != Action::Keep && !moved[i] {
+                    let _ = self.staging.discard_range(slot, i * PAGE_SIZE, PAGE_SIZE);
+                }
+            }
+            for run in table.mapped_runs(head, folio.pages()) {
+                let mut i = run.page - head;
+                let end = i + run.pages;
+                while i < end {
+                    if moved[i] || actions[i] != Action::Keep {
+                        i += 1;
+                        continue;
+                    }
+                    let mut j = i;
+                    while j < end && !moved[j] && actions[j] == Action::Keep {
+                        j += 1;
+                    }
+                    let dst = run.addr + (i - (run.page - head)) * PAGE_SIZE;
+                    match self.uffd.move_pages(dst, base + i * PAGE_SIZE, (j - i) * PAGE_SIZE, true) {
+                        Ok(()) => {
+                            moved[i..j].iter_mut().for_each(|m| *m = true);
+                            i = j;
+                        }
+                        Err(err) => {
+                            let mut done = err.done / PAGE_SIZE;
+                            if err.is(libc::EEXIST) && self.staging.moved_anyway(dst + err.done, base + (i + done) * PAGE_SIZE) {
+                                done += 1;
+                            }
+                            moved[i..i + done].iter_mut().for_each(|m| *m = true);
+                            if err.is(libc::EBUSY) || (err.is(libc::EEXIST) && done > err.done / PAGE_SIZE) {
+                                std::thread::yield_now();
+                                i += done;
+                            } else if err.is(libc::EAGAIN) {
+                                // An event waits to be read: read it, then start over.
+                                drop(gate);
+                                self.pump_events();
+                                continue 'again;
+                            } else {
+                                eprintln!("folioswap: moving a split folio's pages back to {dst:#x}: {err}");
+                                i = j;
+                            }
+                        }
+                    }
+                }
+            }
+            let _ = self.staging.discard_range(slot, 0, folio.bytes());
+            self.staging.put_hole(slot);
+            return gate;
+        }
     }
 }

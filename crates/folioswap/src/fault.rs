@@ -151,7 +151,11 @@ impl Shared {
                 self.counters.vm.fault_raced.inc();
                 self.uffd.wake(addr, PAGE_SIZE);
             }
-            Err(e) if e.is(libc::EAGAIN) => return Step::Retry,
+            Err(e) if e.is(libc::EAGAIN) => {
+                drop(_gate);
+                self.pump_events();
+                return Step::Retry;
+            }
             Err(_) => return Step::NotOurs,
         }
         Step::Done(FolioSize::K4)
@@ -240,6 +244,9 @@ impl Shared {
         };
         if from_reserve {
             self.memcg.uncharge(Component::StagingFree, bytes);
+            self.counters.vm.staging_reused.inc();
+        } else {
+            self.counters.vm.staging_populated.inc();
         }
         // SAFETY: we own the slot until we put it back, and nothing else maps it.
         let dst = unsafe { self.staging.slice_mut(slot) };
@@ -303,6 +310,13 @@ impl Shared {
             loop {
                 match self.uffd.move_pages(addr + done, src + done, len - done, true) {
                     Ok(()) => return Ok(()),
+                    Err(e) if e.is(libc::EEXIST) && self.staging.moved_anyway(addr + done + e.done, src + done + e.done) => {
+                        done += e.done + PAGE_SIZE;
+                        if done == len {
+                            self.uffd.wake(addr, len);
+                            return Ok(());
+                        }
+                    }
                     Err(e) => {
                         done += e.done;
                         match e.errno {

@@ -91,6 +91,9 @@ impl ReclaimCtl {
         *self.progress.lock().unwrap() += 1;
         self.progress_cv.notify_all();
     }
+    pub fn pool_is_full(&self) -> bool {
+        self.pool_full.load(Ordering::Relaxed)
+    }
     /// Wait for a compression in flight to finish. False if none is in flight.
     pub fn wait_for_progress(&self) -> bool {
         let guard = self.progress.lock().unwrap();
@@ -260,24 +263,33 @@ impl Shared {
         let dst = self.staging.addr(slot);
         let len = folio.bytes();
         let mut done = 0;
-        loop {
+        while done < len {
             match self.staging.uffd().move_pages(dst + done, addr + done, len - done, false) {
                 Ok(()) => return Ok(()),
                 Err(err) if err.is(libc::EBUSY) || err.is(libc::EAGAIN) => {
                     done += err.done;
                     std::thread::yield_now();
                 }
+                Err(err) if err.is(libc::EEXIST) && self.staging.moved_anyway(dst + done + err.done, addr + done + err.done) => {
+                    done += err.done + PAGE_SIZE;
+                }
                 Err(err) => {
                     done += err.done;
-                    eprintln!("folioswap: evicting {len} bytes at {addr:#x} failed: {err}");
                     if done > 0 {
                         // Put back what moved, so the folio stays whole where it was.
                         let _ = self.uffd.move_pages(addr, dst, done, true);
                     }
+                    // ENOENT/EINVAL: the program unmapped (part of) the range and the
+                    // kernel's UNMAP event is not read yet; the event will drop the folio.
+                    if err.is(libc::ENOENT) || err.is(libc::EINVAL) {
+                        return Err(true);
+                    }
+                    eprintln!("folioswap: evicting {len} bytes at {addr:#x} failed: {err}");
                     return Err(false);
                 }
             }
         }
+        Ok(())
     }
 
     /// Compress the folio in `slot`: whole, or (split mode) as independent 4 KiB pages.
@@ -384,7 +396,9 @@ impl Shared {
             vm.pgsteal_kswapd.add(folio.pages() as u64);
         }
         if e.load().has(PENDING) {
-            if let Err(crate::events::ApplyError::Failed(msg)) = self.apply_pending_locked(table, head, folio) {
+            // After a split-mode publish the head is an order-0 page like the others.
+            let size = if e.load().has(SPLIT) { FolioSize::K4 } else { folio };
+            if let Err(crate::events::ApplyError::Failed(msg)) = self.apply_pending_locked(table, head, size) {
                 eprintln!("folioswap: applying an event after eviction: {msg}");
             }
         }

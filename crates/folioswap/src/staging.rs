@@ -11,13 +11,15 @@
 //! *filled* (pages present, possibly zero-page mappings). Evictions take holes and leave
 //! them filled once their folio is stored; swap-ins take filled slots (decompressing into
 //! memory that is already there avoids page faults and, for THPs, 2 MiB of zeroing) and
-//! leave holes after moving the folio in. In steady state the two balance; a bounded
-//! reserve of filled slots is kept, charged to memory_high, and the rest are emptied.
+//! leave holes after moving the folio in. In steady state the two balance; a reserve of
+//! filled slots is kept, bounded engine-wide and charged to memory_high, and the rest are
+//! emptied. Under memory pressure the reserve is emptied before any fault is refused.
 
 use crate::memcg::{Component, MemCg};
-use crate::size::{FolioSize, HUGE_SIZE};
+use crate::size::{FolioSize, HUGE_SIZE, PAGE_SIZE};
 use crate::uffd::{PageMap, Uffd, REGISTER_MODE_WP};
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 
 const MADV_POPULATE_WRITE: i32 = 23;
@@ -47,7 +49,8 @@ struct FreeLists {
 struct Area {
     base: usize,
     slot_bytes: usize,
-    reserve_slots: usize,
+    /// Debug builds: whether each slot is handed out, to catch double release.
+    owned: Vec<std::sync::atomic::AtomicBool>,
     free: Mutex<FreeLists>,
     available: Condvar,
 }
@@ -55,7 +58,9 @@ struct Area {
 pub(crate) struct Staging {
     uffd: Uffd,
     pagemap: PageMap,
-    reserve_bytes: usize,
+    /// Budget for filled slots kept across all areas, and what they hold now.
+    reserve_bytes: u64,
+    reserved: AtomicU64,
     areas: [OnceLock<Area>; 10],
 }
 
@@ -76,9 +81,28 @@ fn slots_for(folio: FolioSize) -> u32 {
     }
 }
 
+impl Area {
+    fn hand_out(&self, index: u32) {
+        if let Some(o) = self.owned.get(index as usize) {
+            assert!(!o.swap(true, Ordering::SeqCst), "staging slot {index} handed out twice");
+        }
+    }
+    fn give_back(&self, index: u32) {
+        if let Some(o) = self.owned.get(index as usize) {
+            assert!(o.swap(false, Ordering::SeqCst), "staging slot {index} returned twice");
+        }
+    }
+}
+
 impl Staging {
     pub fn new(uffd: Uffd, reserve_bytes: usize) -> io::Result<Staging> {
-        Ok(Staging { uffd, pagemap: PageMap::open()?, reserve_bytes, areas: Default::default() })
+        Ok(Staging {
+            uffd,
+            pagemap: PageMap::open()?,
+            reserve_bytes: reserve_bytes as u64,
+            reserved: AtomicU64::new(0),
+            areas: Default::default(),
+        })
     }
 
     pub fn uffd(&self) -> &Uffd {
@@ -110,7 +134,7 @@ impl Staging {
         Ok(Area {
             base,
             slot_bytes: folio.bytes(),
-            reserve_slots: (self.reserve_bytes / folio.bytes()).max(2),
+            owned: (0..if cfg!(debug_assertions) { nslots } else { 0 }).map(|_| Default::default()).collect(),
             free: Mutex::new(FreeLists { holes: (0..nslots).rev().collect(), filled: Vec::new() }),
             available: Condvar::new(),
         })
@@ -140,10 +164,20 @@ impl Staging {
         let mut free = area.free.lock().unwrap();
         loop {
             if let Some(index) = free.holes.pop() {
-                return Ok(Slot { order, index });
+                area.hand_out(index);
+                drop(free);
+                let slot = Slot { order, index };
+                debug_assert_eq!(
+                    self.pagemap.present_bytes(self.addr(slot), area.slot_bytes).unwrap_or(0),
+                    0,
+                    "free staging hole {slot:?} has pages mapped"
+                );
+                return Ok(slot);
             }
             if let Some((index, _)) = free.filled.pop() {
                 drop(free);
+                area.hand_out(index);
+                self.reserved.fetch_sub(area.slot_bytes as u64, Ordering::Relaxed);
                 memcg.uncharge(Component::StagingFree, area.slot_bytes as u64);
                 let slot = Slot { order, index };
                 madvise(self.addr(slot), area.slot_bytes, libc::MADV_DONTNEED)?;
@@ -163,9 +197,12 @@ impl Staging {
         let mut free = area.free.lock().unwrap();
         loop {
             if let Some((index, huge)) = free.filled.pop() {
+                area.hand_out(index);
+                self.reserved.fetch_sub(area.slot_bytes as u64, Ordering::Relaxed);
                 return Ok((Slot { order, index }, true, huge));
             }
             if let Some(index) = free.holes.pop() {
+                area.hand_out(index);
                 drop(free);
                 let slot = Slot { order, index };
                 let huge = area.slot_bytes == HUGE_SIZE && self.populate_huge(slot)?;
@@ -186,12 +223,14 @@ impl Staging {
             let (index, from_reserve) = if let Some(index) = free.holes.pop() {
                 (index, false)
             } else if let Some((index, _)) = free.filled.pop() {
+                self.reserved.fetch_sub(area.slot_bytes as u64, Ordering::Relaxed);
                 (index, true)
             } else {
                 free = area.available.wait(free).unwrap();
                 continue;
             };
             drop(free);
+            area.hand_out(index);
             let slot = Slot { order, index };
             if from_reserve {
                 madvise(self.addr(slot), area.slot_bytes, libc::MADV_DONTNEED)?;
@@ -210,6 +249,12 @@ impl Staging {
     /// Return a slot whose pages were all moved away (or never populated): a hole again.
     pub fn put_hole(&self, slot: Slot) {
         let area = self.areas[slot.order as usize].get().expect("mapped");
+        debug_assert_eq!(
+            self.pagemap.present_bytes(self.addr(slot), area.slot_bytes).unwrap_or(0),
+            0,
+            "staging slot {slot:?} returned as a hole with pages mapped"
+        );
+        area.give_back(slot.index);
         area.free.lock().unwrap().holes.push(slot.index);
         area.available.notify_one();
     }
@@ -220,21 +265,51 @@ impl Staging {
     /// that swap-ins keep getting huge pages.
     pub fn put_filled(&self, slot: Slot, huge: bool, memcg: &MemCg) {
         let area = self.areas[slot.order as usize].get().expect("mapped");
+        let bytes = area.slot_bytes as u64;
+        area.give_back(slot.index);
         let keep_shape = area.slot_bytes != HUGE_SIZE || huge;
-        {
-            let mut free = area.free.lock().unwrap();
-            if keep_shape && free.filled.len() < area.reserve_slots {
-                free.filled.push((slot.index, huge));
-                memcg.charge(Component::StagingFree, area.slot_bytes as u64);
-                drop(free);
-                area.available.notify_one();
-                return;
-            }
+        if keep_shape && self.reserved.fetch_add(bytes, Ordering::Relaxed) + bytes <= self.reserve_bytes {
+            memcg.charge(Component::StagingFree, bytes);
+            area.free.lock().unwrap().filled.push((slot.index, huge));
+            area.available.notify_one();
+            return;
+        }
+        if keep_shape {
+            self.reserved.fetch_sub(bytes, Ordering::Relaxed);
         }
         // Emptying can only fail on a kernel error; the slot is then unusable, so leak it.
         if madvise(self.addr(slot), area.slot_bytes, libc::MADV_DONTNEED).is_ok() {
-            self.put_hole(slot);
+            area.free.lock().unwrap().holes.push(slot.index);
+            area.available.notify_one();
         }
+    }
+
+    /// UFFDIO_MOVE on this kernel can fail with EEXIST for a page it did move (it retries
+    /// a page internally and then finds its own work at the destination). True when the
+    /// page at `src` is gone and the one at `dst` is there: the move happened.
+    pub fn moved_anyway(&self, dst: usize, src: usize) -> bool {
+        let present = |a: usize| self.pagemap.present_bytes(a, PAGE_SIZE).unwrap_or(0) == PAGE_SIZE;
+        !present(src) && present(dst)
+    }
+
+    /// Empty every kept slot and give its charge back: memory is short.
+    pub fn drain_reserve(&self, memcg: &MemCg) -> u64 {
+        let mut released = 0;
+        for area in self.areas.iter().filter_map(|a| a.get()) {
+            let kept: Vec<(u32, bool)> = std::mem::take(&mut area.free.lock().unwrap().filled);
+            for (index, _) in kept {
+                let bytes = area.slot_bytes as u64;
+                let addr = area.base + index as usize * area.slot_bytes;
+                self.reserved.fetch_sub(bytes, Ordering::Relaxed);
+                memcg.uncharge(Component::StagingFree, bytes);
+                released += bytes;
+                if madvise(addr, area.slot_bytes, libc::MADV_DONTNEED).is_ok() {
+                    area.free.lock().unwrap().holes.push(index);
+                    area.available.notify_one();
+                }
+            }
+        }
+        released
     }
 
     /// Empty a slot's pages in `[offset, offset + len)` (used to punch removed pages out).

@@ -200,6 +200,10 @@ counter_struct!(
         uffd_remap,
         /// Faults resolved by another thread first (concurrent faults on one folio).
         fault_raced,
+        /// Swap-ins that decompressed into staging kept from an eviction, and those that
+        /// had to fault in (and zero) fresh memory.
+        staging_reused,
+        staging_populated,
     }
 );
 

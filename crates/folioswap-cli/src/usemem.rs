@@ -1,0 +1,462 @@
+//! `folioswap bench usemem`: vm-scalability's usemem, inside the engine.
+//!
+//! N workers each map a region of SIZE and write every 8-byte word, in order (seq) or in
+//! a random permutation (rand), for R rounds: round 1 swaps out, later rounds swap in and
+//! out. Then every word is verified against the value its last write must have left.
+//! Throughput is the bytes the workers wrote over the wall time of the rounds (usemem
+//! also credits allocation; this does not).
+
+use crate::pattern::{value, Permutation};
+use folioswap::{format_bytes, Config, Engine, FolioSize, Region, RegionOptions, Stats};
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pattern {
+    Seq,
+    Rand,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct UsememArgs {
+    /// Worker threads, each with its own region.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Region size per worker (e.g. 1G).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    size: u64,
+    /// memory_high for the engine (e.g. 512M), or "max".
+    #[arg(long, default_value = "512M")]
+    limit: String,
+    /// Folio size: 4K … 2M (default: FOLIOSWAP_FOLIO_SIZE or 2M).
+    #[arg(long)]
+    folio: Option<String>,
+    /// Rounds over the whole region.
+    #[arg(long, default_value_t = 4)]
+    rounds: u32,
+    /// Write order.
+    #[arg(long, value_enum, default_value_t = Pattern::Seq)]
+    pattern: Pattern,
+    /// lz4, zstd, zstd:LEVEL or none (default: FOLIOSWAP_COMPRESSOR or lz4).
+    #[arg(long)]
+    compressor: Option<String>,
+    /// Swap large folios as 4 KiB pages, as the kernel did before THP swap.
+    #[arg(long)]
+    split: bool,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Cap of the compressed pool (size or percentage of RAM).
+    #[arg(long)]
+    max_pool: Option<String>,
+    /// Count pool memory against the limit too.
+    #[arg(long)]
+    charge_pool: bool,
+    /// thread or signal.
+    #[arg(long)]
+    fault_mode: Option<String>,
+    /// rand: writes per worker per round (default: one per word, as usemem).
+    #[arg(long, value_parser = parse_size)]
+    writes: Option<u64>,
+    /// rand: end a round after this many seconds even if its writes are not done.
+    #[arg(long, default_value_t = 10.0)]
+    round_time: f64,
+    /// Background reclaim threads (0: one per CPU).
+    #[arg(long)]
+    reclaim_threads: Option<usize>,
+    /// Fault threads in thread mode (0: one per CPU).
+    #[arg(long)]
+    fault_threads: Option<usize>,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    folioswap::parse_bytes(s).map_err(|e| e.to_string())
+}
+
+struct Worker {
+    /// Write positions at the end of each round (rand) or words per round (seq).
+    bounds: Vec<u64>,
+}
+
+#[derive(Serialize)]
+struct Mismatch {
+    worker: usize,
+    word: u64,
+    expected: String,
+    found: String,
+}
+
+#[derive(Serialize)]
+struct Report {
+    throughput_mb_s: f64,
+    wall_s: f64,
+    verified: bool,
+    bytes_written: u64,
+    writes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    writes_per_s: Option<f64>,
+    words_verified: u64,
+    mismatches: u64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    first_mismatches: Vec<Mismatch>,
+    anon_huge_bytes: u64,
+    resident_bytes: u64,
+    pool_bytes: u64,
+    anon_huge_pct_of_resident: f64,
+    round_s: Vec<f64>,
+    /// CPU time the process used during the rounds, and that as a share of every CPU.
+    cpu_s: f64,
+    cpu_utilization_pct: f64,
+    config: RunConfig,
+    stats: Stats,
+}
+
+#[derive(Serialize)]
+struct RunConfig {
+    threads: usize,
+    size: u64,
+    memory_high: Option<u64>,
+    folio: String,
+    rounds: u32,
+    pattern: Pattern,
+    compressor: String,
+    split_swap: bool,
+    fault_mode: String,
+    max_pool: String,
+    charge_pool: bool,
+}
+
+fn build_config(args: &UsememArgs) -> folioswap::Result<Config> {
+    let mut c = Config::from_env()?.memory_high(&args.limit)?;
+    if let Some(f) = &args.folio {
+        c = c.folio_size(f)?;
+    }
+    if let Some(comp) = &args.compressor {
+        c = c.compressor(comp)?;
+    }
+    if let Some(p) = &args.max_pool {
+        c = c.max_pool(p)?;
+    }
+    if let Some(m) = &args.fault_mode {
+        c = c.set("FOLIOSWAP_FAULT_MODE", m)?;
+    }
+    if let Some(n) = args.reclaim_threads {
+        c = c.reclaim_threads(n);
+    }
+    if let Some(n) = args.fault_threads {
+        c = c.fault_threads(n);
+    }
+    if args.split {
+        c = c.split_swap(true);
+    }
+    if args.charge_pool {
+        c = c.charge_pool(true);
+    }
+    Ok(c)
+}
+
+fn words_of(region: &Region) -> &mut [u64] {
+    // SAFETY: the region is mapped, 8-byte aligned and `len` bytes long for as long as
+    // `region` lives; each worker is the only one touching its own region.
+    unsafe { std::slice::from_raw_parts_mut(region.as_ptr() as *mut u64, region.len() / 8) }
+}
+
+const CHUNK: usize = 1 << 15;
+
+fn write_seq(words: &mut [u64], worker: u64, round: u64, progress: &AtomicU64) {
+    for (c, chunk) in words.chunks_mut(CHUNK).enumerate() {
+        let base = (c * CHUNK) as u64;
+        for (i, w) in chunk.iter_mut().enumerate() {
+            *w = value(worker, base + i as u64, round);
+        }
+        progress.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+    }
+}
+
+fn write_rand(words: &mut [u64], perm: &Permutation, pos: &mut u64, target: u64, deadline: Instant, worker: u64, round: u64, progress: &AtomicU64) {
+    let n = words.len() as u64;
+    let end = *pos + target;
+    while *pos < end {
+        let batch = (end - *pos).min(4096);
+        for _ in 0..batch {
+            let j = perm.apply(*pos % n);
+            words[j as usize] = value(worker, j, round);
+            *pos += 1;
+        }
+        progress.fetch_add(batch, Ordering::Relaxed);
+        if Instant::now() >= deadline {
+            break;
+        }
+    }
+}
+
+/// What word `j` must hold after a random run that ended at `total` writes.
+fn expected_rand(perm: &Permutation, bounds: &[u64], n: u64, worker: u64, j: u64) -> u64 {
+    let total = *bounds.last().unwrap_or(&0);
+    let q = perm.invert(j);
+    if q >= total {
+        return 0;
+    }
+    let last = q + n * ((total - 1 - q) / n);
+    let round = bounds.iter().position(|&b| last < b).unwrap_or(bounds.len() - 1);
+    value(worker, j, round as u64)
+}
+
+fn verify(region: &Region, worker: usize, pattern: Pattern, w: &Worker, rounds: u32, bad: &mut Vec<Mismatch>) -> (u64, u64) {
+    let words = words_of(region);
+    let n = words.len() as u64;
+    let perm = Permutation::new(n, worker as u64 + 1);
+    let mut mismatches = 0;
+    for (j, &found) in words.iter().enumerate() {
+        let j = j as u64;
+        let expected = match pattern {
+            Pattern::Seq => value(worker as u64, j, rounds as u64 - 1),
+            Pattern::Rand => expected_rand(&perm, &w.bounds, n, worker as u64, j),
+        };
+        if found != expected {
+            mismatches += 1;
+            if bad.len() < 8 {
+                bad.push(Mismatch { worker, word: j, expected: format!("{expected:#x}"), found: format!("{found:#x}") });
+            }
+        }
+    }
+    (n, mismatches)
+}
+
+/// User plus system CPU time of this process so far.
+fn process_cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the struct it is given and nothing else.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above, with a live, writable struct.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
+pub fn run(args: UsememArgs) -> Result<bool, String> {
+    if args.threads == 0 || args.rounds == 0 || args.size < 8 {
+        return Err("--threads, --rounds and --size must be positive".into());
+    }
+    let config = build_config(&args).map_err(|e| e.to_string())?;
+    let engine = Engine::new(config.clone()).map_err(|e| e.to_string())?;
+    let folio = args.folio.as_deref().map(|f| f.parse::<FolioSize>().unwrap()).unwrap_or(config.folio_size);
+    let regions: Vec<Region> = (0..args.threads)
+        .map(|_| engine.map(args.size as usize, RegionOptions::default().folio(folio)))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let words_per_region = regions[0].len() as u64 / 8;
+    let writes_per_round = match args.pattern {
+        Pattern::Seq => words_per_region,
+        Pattern::Rand => args.writes.unwrap_or(words_per_region),
+    };
+    let progress: Arc<Vec<AtomicU64>> = Arc::new((0..args.threads).map(|_| AtomicU64::new(0)).collect());
+    let barrier = Arc::new(Barrier::new(args.threads + 1));
+    let round_time = Duration::from_secs_f64(args.round_time);
+    let round_ends: Arc<Vec<Vec<AtomicU64>>> =
+        Arc::new((0..args.threads).map(|_| (0..args.rounds).map(|_| AtomicU64::new(0)).collect()).collect());
+    let start_ns = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let bar = crate::progress::bar(args.threads as u64 * args.rounds as u64 * writes_per_round, "usemem");
+
+    let mut cpu_at_start = 0.0;
+    let workers: Vec<Worker> = std::thread::scope(|scope| {
+        let handles: Vec<_> = regions
+            .iter()
+            .enumerate()
+            .map(|(t, region)| {
+                let (progress, barrier, round_ends) = (progress.clone(), barrier.clone(), round_ends.clone());
+                let pattern = args.pattern;
+                let rounds = args.rounds;
+                let start_ns = start_ns.clone();
+                scope.spawn(move || {
+                    let words = words_of(region);
+                    let perm = Permutation::new(words.len() as u64, t as u64 + 1);
+                    let mut pos = 0u64;
+                    let mut bounds = Vec::new();
+                    barrier.wait();
+                    let t0 = Instant::now();
+                    for r in 0..rounds as u64 {
+                        match pattern {
+                            Pattern::Seq => {
+                                write_seq(words, t as u64, r, &progress[t]);
+                                pos += words.len() as u64;
+                            }
+                            Pattern::Rand => {
+                                let deadline = Instant::now() + round_time;
+                                write_rand(words, &perm, &mut pos, writes_per_round, deadline, t as u64, r, &progress[t]);
+                            }
+                        }
+                        bounds.push(pos);
+                        round_ends[t][r as usize].store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    }
+                    let _ = start_ns;
+                    Worker { bounds }
+                })
+            })
+            .collect();
+        let monitor = scope.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                bar.set_position(progress.iter().map(|p| p.load(Ordering::Relaxed)).sum());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        cpu_at_start = process_cpu_seconds();
+        barrier.wait();
+        let t0 = Instant::now();
+        let workers: Vec<Worker> = handles.into_iter().map(|h| h.join().expect("worker panicked")).collect();
+        start_ns.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        done.store(true, Ordering::Relaxed);
+        monitor.join().unwrap();
+        workers
+    });
+    let wall = Duration::from_nanos(start_ns.load(Ordering::Relaxed)).as_secs_f64();
+    let cpu_s = process_cpu_seconds() - cpu_at_start;
+    let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
+    bar.finish_and_clear();
+
+    let stats = engine.stats();
+    let anon_huge: u64 = regions.iter().map(|r| r.anon_huge_bytes().unwrap_or(0)).sum();
+    let writes: u64 = workers.iter().map(|w| *w.bounds.last().unwrap_or(&0)).sum();
+    let bytes_written = writes * 8;
+
+    let vbar = crate::progress::bar(args.threads as u64, "verify");
+    let results: Vec<(u64, u64, Vec<Mismatch>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = regions
+            .iter()
+            .zip(&workers)
+            .enumerate()
+            .map(|(t, (region, w))| {
+                let pattern = args.pattern;
+                let rounds = args.rounds;
+                let vbar = &vbar;
+                scope.spawn(move || {
+                    let mut bad = Vec::new();
+                    let (n, m) = verify(region, t, pattern, w, rounds, &mut bad);
+                    vbar.inc(1);
+                    (n, m, bad)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("verifier panicked")).collect()
+    });
+    vbar.finish_and_clear();
+    let words_verified: u64 = results.iter().map(|r| r.0).sum();
+    let mismatches: u64 = results.iter().map(|r| r.1).sum();
+    let first_mismatches: Vec<Mismatch> = results.into_iter().flat_map(|r| r.2).take(8).collect();
+
+    let round_s: Vec<f64> = (0..args.rounds as usize)
+        .map(|r| {
+            let ends: Vec<u64> = round_ends.iter().map(|w| w[r].load(Ordering::Relaxed)).collect();
+            *ends.iter().max().unwrap() as f64 / 1e9
+        })
+        .collect();
+    let resident = stats.memory.resident_bytes;
+    let report = Report {
+        throughput_mb_s: bytes_written as f64 / wall / 1e6,
+        wall_s: wall,
+        verified: mismatches == 0,
+        bytes_written,
+        writes,
+        writes_per_s: (args.pattern == Pattern::Rand).then(|| writes as f64 / wall),
+        words_verified,
+        mismatches,
+        first_mismatches,
+        anon_huge_bytes: anon_huge,
+        resident_bytes: resident,
+        pool_bytes: stats.memory.pool_total_bytes,
+        anon_huge_pct_of_resident: if resident > 0 { 100.0 * anon_huge as f64 / resident as f64 } else { 0.0 },
+        round_s,
+        cpu_s,
+        cpu_utilization_pct: 100.0 * cpu_s / (wall * ncpu),
+        config: RunConfig {
+            threads: args.threads,
+            size: regions[0].len() as u64,
+            memory_high: config.memory_high,
+            folio: folio.to_string(),
+            rounds: args.rounds,
+            pattern: args.pattern,
+            compressor: config.compressor.to_string(),
+            split_swap: config.split_swap,
+            fault_mode: config.fault_mode.to_string(),
+            max_pool: config.max_pool.to_string(),
+            charge_pool: config.charge_pool,
+        },
+        stats,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+    } else {
+        print_table(&report);
+    }
+    Ok(report.verified)
+}
+
+fn print_table(r: &Report) {
+    let c = &r.config;
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1 << 20) as f64);
+    println!(
+        "usemem: {} threads x {}, memory_high {}, folio {}, {} {:?}, {} rounds, {}, fault mode {}",
+        c.threads,
+        format_bytes(c.size),
+        c.memory_high.map(format_bytes).unwrap_or_else(|| "max".into()),
+        c.folio,
+        if c.split_swap { "split swap (4K pages)" } else { "whole-folio swap" },
+        c.pattern,
+        c.rounds,
+        c.compressor,
+        c.fault_mode
+    );
+    println!("  throughput   {:>10.1} MB/s  ({} written in {:.2} s)", r.throughput_mb_s, format_bytes(r.bytes_written), r.wall_s);
+    if let Some(w) = r.writes_per_s {
+        println!("  writes       {:>10.0} /s", w);
+    }
+    println!("  rounds       {}", r.round_s.iter().map(|s| format!("{s:.2}s")).collect::<Vec<_>>().join(" "));
+    println!("  cpu          {:.2} s ({:.0}% of all CPUs during the rounds)", r.cpu_s, r.cpu_utilization_pct);
+    println!(
+        "  verified     {}  ({} words, {} mismatches)",
+        if r.verified { "yes" } else { "NO" },
+        r.words_verified,
+        r.mismatches
+    );
+    for m in &r.first_mismatches {
+        println!("    worker {} word {}: expected {} found {}", m.worker, m.word, m.expected, m.found);
+    }
+    println!(
+        "  resident     {}  AnonHugePages {} ({:.1}% of resident)",
+        mib(r.resident_bytes),
+        mib(r.anon_huge_bytes),
+        r.anon_huge_pct_of_resident
+    );
+    let m = &r.stats.memory;
+    println!(
+        "  pool         {} holding {} of folios ({} compressed, {} entries)",
+        mib(m.pool_total_bytes),
+        mib(m.pool_stored_bytes),
+        mib(m.pool_compressed_bytes),
+        m.pool_entries
+    );
+    let v = &r.stats.vm;
+    println!(
+        "  vmstat       pgfault {} pgmajfault {} zswpout {} zswpin {} pswpout {} pswpin {} thp_swpout_fallback {} thp_split_page {}",
+        v.pgfault, v.pgmajfault, v.zswpout, v.zswpin, v.pswpout, v.pswpin, v.thp_swpout_fallback, v.thp_split_page
+    );
+    println!(
+        "               pgsteal_kswapd {} pgsteal_direct {} allocstall {} zswap_pool_limit_hit {} same_filled {} fault_raced {}",
+        v.pgsteal_kswapd, v.pgsteal_direct, v.allocstall, v.zswap_pool_limit_hit, v.zswap_same_filled, v.fault_raced
+    );
+    for (size, s) in &r.stats.per_size {
+        println!(
+            "  {:>7}      anon_fault_alloc {} anon_fault_fallback {} zswpout {} zswpin {} swpout_fallback {} split {}",
+            size, s.anon_fault_alloc, s.anon_fault_fallback, s.zswpout, s.zswpin, s.swpout_fallback, s.split
+        );
+    }
+    for (size, l) in &r.stats.fault_latency {
+        println!(
+            "  latency {:>7} n={} mean {:.1}us p50 {:.1}us p90 {:.1}us p99 {:.1}us p99.9 {:.1}us max {:.1}us",
+            size, l.count, l.mean_us, l.p50_us, l.p90_us, l.p99_us, l.p999_us, l.max_us
+        );
+    }
+}
