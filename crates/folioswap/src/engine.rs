@@ -166,22 +166,18 @@ impl Engine {
         &self.shared.config
     }
 
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     /// Map `len` bytes (rounded up to the folio size) of managed, zero-filled memory.
     pub fn map(&self, len: usize, options: RegionOptions) -> Result<Region> {
         let shared = &self.shared;
         let folio = options.folio_size.unwrap_or(shared.config.folio_size);
+        // Config::MIN_MEMORY_HIGH holds four folios of the largest size, so any folio size fits.
         if len == 0 {
             return Err(Error::InvalidRegion("a region must be at least one byte long".into()));
-        }
-        if let Some(limit) = shared.config.memory_high {
-            if (folio.bytes() as u64) * 4 > limit {
-                return Err(Error::InvalidRegion(format!(
-                    "folio size {folio} is too large for memory_high={}: it must hold at least 4 folios \
-                     (use a smaller folio size or memory_high of at least {})",
-                    format_bytes(limit),
-                    format_bytes(folio.bytes() as u64 * 4)
-                )));
-            }
         }
         let len = len.checked_next_multiple_of(folio.bytes()).filter(|&l| l <= isize::MAX as usize);
         let Some(len) = len else {

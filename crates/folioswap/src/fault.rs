@@ -110,7 +110,7 @@ impl Shared {
             }
         }
         let step = match s.kind() {
-            Kind::Resident => self.fill_hole(table, page),
+            Kind::Resident => return self.fill_hole_unlock(table, page, target),
             Kind::Untouched | Kind::ZeroSwapped => self.fault_zero(table, target, folio, s),
             Kind::SwapCache if s.has(WRITEBACK) => {
                 // A compressor is reading it: ask for it back and wait (it gives up).
@@ -124,6 +124,15 @@ impl Shared {
             Kind::Gone => Step::NotOurs,
         };
         e.unlock();
+        if let Step::Done(folio) = step {
+            self.wake_folio(table, target, folio);
+        }
+        step
+    }
+
+    fn fill_hole_unlock(&self, table: &Arc<FolioTable>, page: usize, target: usize) -> Step {
+        let step = self.fill_hole(table, page);
+        table.entry(target).unlock();
         step
     }
 
@@ -135,6 +144,18 @@ impl Shared {
         e.set_locked(next);
         self.lru.push(table.clone(), target, folio, next.gen());
         self.counters.vm.pgfault.inc();
+    }
+
+    /// Wake the threads waiting on a folio, once its state and counters are published
+    /// (installs do not wake, so that whoever resumes sees the fault accounted). Signal
+    /// mode has nobody waiting.
+    pub(crate) fn wake_folio(&self, table: &FolioTable, target: usize, folio: FolioSize) {
+        if self.config.fault_mode == crate::config::FaultMode::Thread {
+            let _gate = self.gate.read().unwrap();
+            if let Some(addr) = table.folio_addr(target, folio.pages()) {
+                self.uffd.wake(addr, folio.bytes());
+            }
+        }
     }
 
     /// A Resident folio faulted: either another thread's fault already mapped it (the
@@ -221,6 +242,7 @@ impl Shared {
                 self.staging.put_hole(slot);
                 let huge = s.has(HUGE);
                 self.now_resident(table, target, folio, s, huge);
+                self.counters.vm.swapcache_hit.inc();
                 Step::Done(folio)
             }
             Err(err) => self.install_failed(err),
@@ -308,12 +330,11 @@ impl Shared {
                 return Err(InstallError::Unmapped);
             };
             loop {
-                match self.uffd.move_pages(addr + done, src + done, len - done, true) {
+                match self.uffd.move_pages(addr + done, src + done, len - done, false) {
                     Ok(()) => return Ok(()),
                     Err(e) if e.is(libc::EEXIST) && self.staging.moved_anyway(addr + done + e.done, src + done + e.done) => {
                         done += e.done + PAGE_SIZE;
                         if done == len {
-                            self.uffd.wake(addr, len);
                             return Ok(());
                         }
                     }
@@ -352,7 +373,7 @@ impl Shared {
                 return Err(InstallError::Unmapped);
             };
             loop {
-                match self.uffd.copy(addr + done, ZERO.as_ptr(), len - done, true) {
+                match self.uffd.copy(addr + done, ZERO.as_ptr(), len - done, false) {
                     Ok(()) => return Ok(()),
                     Err(e) => {
                         done += e.done;
@@ -360,7 +381,6 @@ impl Shared {
                             // A page is already there (left by a zap racing an earlier
                             // install): it holds zeros too, step over it.
                             libc::EEXIST => {
-                                self.uffd.wake(addr + done, PAGE_SIZE);
                                 done += PAGE_SIZE;
                                 if done >= len {
                                     return Ok(());

@@ -460,6 +460,8 @@ impl Shared {
                 self.staging.put_hole(slot);
                 let next = e.set_locked(s.with_kind(Kind::Resident).with(WRITEBACK, false).with(HUGE, huge).next_gen());
                 self.lru.push(table.clone(), head, folio, next.gen());
+                // A fault may be waiting (it found WRITEBACK and asked for the folio).
+                self.wake_folio(table, head, folio);
             }
             Err(_) => {
                 // An event or unmap got there first: leave it in the swap cache, where the
@@ -469,6 +471,47 @@ impl Shared {
                     let _ = self.apply_pending_locked(table, head, folio);
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Config, Engine, RegionOptions};
+    use super::*;
+
+    /// A folio the pool cannot take is put back where it was, whole: never dropped.
+    #[test]
+    fn pool_store_failure_keeps_the_folio() {
+        let config = Config::default().memory_high("64M").unwrap().max_pool("128K").unwrap().reclaim_threads(1);
+        let engine = Engine::new(config).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
+        let mut region = engine.map(1 << 20, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
+        // Incompressible data, so every folio needs a raw 64K object: the pool holds two.
+        let mut x = 0x1234_5678_9abc_def0u64;
+        let words: Vec<u64> = (0..(1 << 20) / 8)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            })
+            .collect();
+        for (dst, src) in region.as_mut_slice().chunks_mut(8).zip(&words) {
+            dst.copy_from_slice(&src.to_le_bytes());
+        }
+        let shared = engine.shared();
+        let mut scratch = CodecScratch::new();
+        let mut outcomes = Vec::new();
+        for _ in 0..8 {
+            outcomes.push(shared.shrink_one(&mut scratch, true));
+        }
+        assert!(outcomes.contains(&Reclaimed::Freed), "{outcomes:?}");
+        assert!(outcomes.contains(&Reclaimed::PoolFull), "{outcomes:?}");
+        let stats = engine.stats();
+        assert!(stats.vm.zswap_pool_limit_hit >= 1, "{:?}", stats.vm);
+        assert!(stats.memory.pool_total_bytes <= 128 << 10);
+        for (i, (got, want)) in region.as_slice().chunks(8).zip(&words).enumerate() {
+            assert_eq!(got, &want.to_le_bytes(), "word {i}");
         }
     }
 }

@@ -200,6 +200,9 @@ counter_struct!(
         uffd_remap,
         /// Faults resolved by another thread first (concurrent faults on one folio).
         fault_raced,
+        /// Faults that found their folio still uncompressed in the swap cache (its
+        /// eviction not finished) and moved it straight back.
+        swapcache_hit,
         /// Swap-ins that decompressed into staging kept from an eviction, and those that
         /// had to fault in (and zero) fresh memory.
         staging_reused,
