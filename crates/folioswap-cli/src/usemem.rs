@@ -158,37 +158,56 @@ fn build_config(args: &UsememArgs) -> folioswap::Result<Config> {
     Ok(c)
 }
 
-fn words_of(region: &Region) -> &mut [u64] {
-    // SAFETY: the region is mapped, 8-byte aligned and `len` bytes long for as long as
-    // `region` lives; each worker is the only one touching its own region.
-    unsafe { std::slice::from_raw_parts_mut(region.as_ptr() as *mut u64, region.len() / 8) }
+/// A region seen as words (regions are page aligned, so there is no unaligned prefix).
+fn words(region: &Region) -> &[u64] {
+    // SAFETY: any bytes are valid u64s; align_to only reinterprets.
+    let (head, words, _) = unsafe { region.as_slice().align_to::<u64>() };
+    debug_assert!(head.is_empty());
+    words
+}
+
+fn words_mut(region: &mut Region) -> &mut [u64] {
+    // SAFETY: as above.
+    let (head, words, _) = unsafe { region.as_mut_slice().align_to_mut::<u64>() };
+    debug_assert!(head.is_empty());
+    words
 }
 
 const CHUNK: usize = 1 << 15;
 
-fn write_seq(words: &mut [u64], worker: u64, round: u64, progress: &AtomicU64) {
-    for (c, chunk) in words.chunks_mut(CHUNK).enumerate() {
-        let base = (c * CHUNK) as u64;
-        for (i, w) in chunk.iter_mut().enumerate() {
-            *w = value(worker, base + i as u64, round);
-        }
-        progress.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-    }
+/// One worker's view of its region while writing.
+struct Writer<'a> {
+    words: &'a mut [u64],
+    worker: u64,
+    progress: &'a AtomicU64,
 }
 
-fn write_rand(words: &mut [u64], perm: &Permutation, pos: &mut u64, target: u64, deadline: Instant, worker: u64, round: u64, progress: &AtomicU64) {
-    let n = words.len() as u64;
-    let end = *pos + target;
-    while *pos < end {
-        let batch = (end - *pos).min(4096);
-        for _ in 0..batch {
-            let j = perm.apply(*pos % n);
-            words[j as usize] = value(worker, j, round);
-            *pos += 1;
+impl Writer<'_> {
+    fn seq(&mut self, round: u64) {
+        for (c, chunk) in self.words.chunks_mut(CHUNK).enumerate() {
+            let base = (c * CHUNK) as u64;
+            for (i, w) in chunk.iter_mut().enumerate() {
+                *w = value(self.worker, base + i as u64, round);
+            }
+            self.progress.fetch_add(chunk.len() as u64, Ordering::Relaxed);
         }
-        progress.fetch_add(batch, Ordering::Relaxed);
-        if Instant::now() >= deadline {
-            break;
+    }
+
+    /// `target` writes at the permutation's positions from `*pos` on, or until `deadline`.
+    fn rand(&mut self, perm: &Permutation, pos: &mut u64, target: u64, deadline: Instant, round: u64) {
+        let n = self.words.len() as u64;
+        let end = *pos + target;
+        while *pos < end {
+            let batch = (end - *pos).min(256);
+            for _ in 0..batch {
+                let j = perm.apply(*pos % n);
+                self.words[j as usize] = value(self.worker, j, round);
+                *pos += 1;
+            }
+            self.progress.fetch_add(batch, Ordering::Relaxed);
+            if Instant::now() >= deadline {
+                break;
+            }
         }
     }
 }
@@ -206,7 +225,7 @@ fn expected_rand(perm: &Permutation, bounds: &[u64], n: u64, worker: u64, j: u64
 }
 
 fn verify(region: &Region, worker: usize, pattern: Pattern, w: &Worker, rounds: u32, bad: &mut Vec<Mismatch>) -> (u64, u64) {
-    let words = words_of(region);
+    let words = words(region);
     let n = words.len() as u64;
     let perm = Permutation::new(n, worker as u64 + 1);
     let mut mismatches = 0;
@@ -243,7 +262,7 @@ pub fn run(args: UsememArgs) -> Result<bool, String> {
     let config = build_config(&args).map_err(|e| e.to_string())?;
     let engine = Engine::new(config.clone()).map_err(|e| e.to_string())?;
     let folio = args.folio.as_deref().map(|f| f.parse::<FolioSize>().unwrap()).unwrap_or(config.folio_size);
-    let regions: Vec<Region> = (0..args.threads)
+    let mut regions: Vec<Region> = (0..args.threads)
         .map(|_| engine.map(args.size as usize, RegionOptions::default().folio(folio)))
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
@@ -264,7 +283,7 @@ pub fn run(args: UsememArgs) -> Result<bool, String> {
     let mut cpu_at_start = 0.0;
     let workers: Vec<Worker> = std::thread::scope(|scope| {
         let handles: Vec<_> = regions
-            .iter()
+            .iter_mut()
             .enumerate()
             .map(|(t, region)| {
                 let (progress, barrier, round_ends) = (progress.clone(), barrier.clone(), round_ends.clone());
@@ -272,8 +291,9 @@ pub fn run(args: UsememArgs) -> Result<bool, String> {
                 let rounds = args.rounds;
                 let start_ns = start_ns.clone();
                 scope.spawn(move || {
-                    let words = words_of(region);
-                    let perm = Permutation::new(words.len() as u64, t as u64 + 1);
+                    let mut writer = Writer { words: words_mut(region), worker: t as u64, progress: &progress[t] };
+                    let n = writer.words.len() as u64;
+                    let perm = Permutation::new(n, t as u64 + 1);
                     let mut pos = 0u64;
                     let mut bounds = Vec::new();
                     barrier.wait();
@@ -281,12 +301,12 @@ pub fn run(args: UsememArgs) -> Result<bool, String> {
                     for r in 0..rounds as u64 {
                         match pattern {
                             Pattern::Seq => {
-                                write_seq(words, t as u64, r, &progress[t]);
-                                pos += words.len() as u64;
+                                writer.seq(r);
+                                pos += n;
                             }
                             Pattern::Rand => {
                                 let deadline = Instant::now() + round_time;
-                                write_rand(words, &perm, &mut pos, writes_per_round, deadline, t as u64, r, &progress[t]);
+                                writer.rand(&perm, &mut pos, writes_per_round, deadline, r);
                             }
                         }
                         bounds.push(pos);
@@ -409,7 +429,8 @@ fn print_table(r: &Report) {
         c.compressor,
         c.fault_mode
     );
-    println!("  throughput   {:>10.1} MB/s  ({} written in {:.2} s)", r.throughput_mb_s, format_bytes(r.bytes_written), r.wall_s);
+    let mbs = if r.throughput_mb_s >= 10.0 { format!("{:.1}", r.throughput_mb_s) } else { format!("{:.3}", r.throughput_mb_s) };
+    println!("  throughput   {:>10} MB/s  ({} written in {:.2} s)", mbs, format_bytes(r.bytes_written), r.wall_s);
     if let Some(w) = r.writes_per_s {
         println!("  writes       {:>10.0} /s", w);
     }

@@ -103,10 +103,6 @@ impl MemCg {
         self.counter(c).load(Ordering::Relaxed)
     }
 
-    pub fn charged(&self) -> u64 {
-        self.charged.load(Ordering::Relaxed)
-    }
-
     pub fn above_high(&self, pool_footprint: u64) -> bool {
         self.limit.is_some() && self.usage(pool_footprint) > self.high_wmark
     }
@@ -133,7 +129,7 @@ mod tests {
         assert!(!m.try_charge(Component::Resident, 4096, 0));
         m.uncharge(Component::SwapCache, 2 << 20);
         assert!(m.try_charge(Component::Resident, 2 << 20, 0));
-        assert_eq!(m.charged(), 64 << 20);
+        assert_eq!(m.usage(0), 64 << 20);
     }
 
     #[test]

@@ -14,7 +14,7 @@
 use crate::folio::PageEntry;
 use crate::size::{FolioSize, PAGE_SIZE};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 
 /// Per-region policy.
@@ -80,7 +80,6 @@ pub(crate) struct Piece {
 
 /// The entries of one region's pages, and where those pages are mapped now.
 pub(crate) struct FolioTable {
-    pub id: u64,
     pub folio: FolioSize,
     pub pages: usize,
     entries: *mut PageEntry,
@@ -95,8 +94,6 @@ unsafe impl Send for FolioTable {}
 // SAFETY: as above; shared access is only through atomics.
 unsafe impl Sync for FolioTable {}
 
-static NEXT_TABLE_ID: AtomicU64 = AtomicU64::new(1);
-
 impl FolioTable {
     pub fn new(folio: FolioSize, pages: usize, addr: usize) -> Result<FolioTable, i32> {
         let bytes = (pages * std::mem::size_of::<PageEntry>()).next_multiple_of(PAGE_SIZE);
@@ -107,7 +104,6 @@ impl FolioTable {
             libc::madvise(entries as *mut libc::c_void, bytes, libc::MADV_DONTFORK);
         }
         Ok(FolioTable {
-            id: NEXT_TABLE_ID.fetch_add(1, Ordering::Relaxed),
             folio,
             pages,
             entries: entries as *mut PageEntry,
@@ -286,7 +282,4 @@ impl AddressMap {
         pieces
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.map.read().unwrap().is_empty()
-    }
 }

@@ -262,7 +262,7 @@ mod tests {
         #[test]
         fn folio_size_accepts_exactly_the_ten(bytes in 0u64..(8 << 20)) {
             let parsed = bytes.to_string().parse::<FolioSize>();
-            let valid = bytes >= 4096 && bytes <= (2 << 20) && bytes.is_power_of_two();
+            let valid = (4096..=(2 << 20)).contains(&bytes) && bytes.is_power_of_two();
             prop_assert_eq!(parsed.is_ok(), valid);
             if let Ok(f) = parsed {
                 prop_assert_eq!(f.bytes() as u64, bytes);

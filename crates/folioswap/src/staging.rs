@@ -151,6 +151,8 @@ impl Staging {
     /// # Safety
     /// No other reference to this slot's memory may exist while the returned one lives,
     /// and no MOVE may take its pages away meanwhile.
+    // Exclusive access comes from slot ownership (a runtime protocol), not from `&mut self`.
+    #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice_mut(&self, slot: Slot) -> &mut [u8] {
         let len = FolioSize::from_order(slot.order).expect("valid").bytes();
         // SAFETY: the slot lies inside a mapping that lives as long as the engine, and the

@@ -172,7 +172,6 @@ pub enum OpenError {
 /// An open userfaultfd after the `UFFDIO_API` handshake.
 pub struct Uffd {
     fd: OwnedFd,
-    features: u64,
 }
 
 const FEATURE_NAMES: &[(u64, &str)] = &[
@@ -242,11 +241,7 @@ impl Uffd {
         if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, &mut api) } != 0 {
             return Err(OpenError::Unavailable { errno: last_errno() });
         }
-        Ok(Uffd { fd, features })
-    }
-
-    pub fn features(&self) -> u64 {
-        self.features
+        Ok(Uffd { fd })
     }
 
     pub fn raw_fd(&self) -> RawFd {

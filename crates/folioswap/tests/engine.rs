@@ -135,11 +135,10 @@ fn kernel_accesses_are_served_in_thread_mode() {
     let mut other = e.map(16 * MIB, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
     push_out(&mut other);
     // read(2) into swapped-out managed memory: the kernel's copy_to_user faults.
-    let (mut rd, mut wr) = (0, 0);
     let mut fds = [0; 2];
     // SAFETY: pipe fills two descriptors.
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    (rd, wr) = (fds[0], fds[1]);
+    let (rd, wr) = (fds[0], fds[1]);
     let payload = vec![0xA5u8; 60_000];
     // SAFETY: writes from a live buffer to our pipe (it holds 64 KiB).
     assert_eq!(unsafe { libc::write(wr, payload.as_ptr().cast(), payload.len()) }, payload.len() as isize);

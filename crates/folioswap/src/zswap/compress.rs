@@ -46,10 +46,6 @@ impl Codec {
         Codec { compressor, decompressors: Mutex::new(Vec::new()) }
     }
 
-    pub fn compressor(&self) -> Compressor {
-        self.compressor
-    }
-
     /// Encode `input` into `scratch.out` (tag byte first). Returns the encoded length, or
     /// `None` when the codec failed, in which case the caller stores the folio raw.
     pub fn compress(&self, input: &[u8], scratch: &mut CodecScratch) -> Option<usize> {

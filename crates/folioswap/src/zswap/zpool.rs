@@ -471,6 +471,7 @@ impl ZPool {
 
     /// Change the cap. Lowering it below the footprint releases slack to fit if it can; live
     /// objects are never evicted here, so the footprint may stay above a lowered cap until frees.
+    #[cfg(test)]
     pub fn set_cap(&self, cap_bytes: u64) {
         self.cap.store(cap_bytes, Ordering::Relaxed);
         let over = self.footprint_bytes().saturating_sub(cap_bytes);
