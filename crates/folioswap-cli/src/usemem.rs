@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 pub enum Pattern {
     Seq,
     Rand,
+    /// Per round: the cold part in 16 sequential chunks, the hot part (the first
+    /// --hot-fraction of the region) rewritten after every chunk.
+    Hotcold,
 }
 
 #[derive(clap::Args, Debug)]
@@ -58,6 +61,12 @@ pub struct UsememArgs {
     /// thread or signal.
     #[arg(long)]
     fault_mode: Option<String>,
+    /// hotcold: the share of each region that is hot.
+    #[arg(long, default_value_t = 0.125)]
+    hot_fraction: f64,
+    /// Coldness policy: fifo or workingset (default: FOLIOSWAP_LRU or workingset).
+    #[arg(long)]
+    lru: Option<String>,
     /// rand: writes per worker per round (default: one per word, as usemem).
     #[arg(long, value_parser = parse_size)]
     writes: Option<u64>,
@@ -125,6 +134,7 @@ struct RunConfig {
     compressor: String,
     split_swap: bool,
     fault_mode: String,
+    lru: String,
     max_pool: String,
     charge_pool: bool,
 }
@@ -142,6 +152,9 @@ fn build_config(args: &UsememArgs) -> folioswap::Result<Config> {
     }
     if let Some(m) = &args.fault_mode {
         c = c.set("FOLIOSWAP_FAULT_MODE", m)?;
+    }
+    if let Some(l) = &args.lru {
+        c = c.set("FOLIOSWAP_LRU", l)?;
     }
     if let Some(n) = args.reclaim_threads {
         c = c.reclaim_threads(n);
@@ -184,13 +197,34 @@ struct Writer<'a> {
 
 impl Writer<'_> {
     fn seq(&mut self, round: u64) {
-        for (c, chunk) in self.words.chunks_mut(CHUNK).enumerate() {
-            let base = (c * CHUNK) as u64;
+        self.range(0, self.words.len(), round);
+    }
+
+    /// Write words `[from, to)` in order; returns how many.
+    fn range(&mut self, from: usize, to: usize, round: u64) -> u64 {
+        for (c, chunk) in self.words[from..to].chunks_mut(CHUNK).enumerate() {
+            let base = (from + c * CHUNK) as u64;
             for (i, w) in chunk.iter_mut().enumerate() {
                 *w = value(self.worker, base + i as u64, round);
             }
             self.progress.fetch_add(chunk.len() as u64, Ordering::Relaxed);
         }
+        (to - from) as u64
+    }
+
+    /// The cold part in 16 chunks, the hot part (the first `hot` words) after each.
+    fn hotcold(&mut self, hot: usize, round: u64) -> u64 {
+        let n = self.words.len();
+        let chunk = (n - hot).div_ceil(16);
+        let mut written = 0;
+        let mut at = hot;
+        while at < n {
+            let end = (at + chunk).min(n);
+            written += self.range(at, end, round);
+            written += self.range(0, hot, round);
+            at = end;
+        }
+        written
     }
 
     /// `target` writes at the permutation's positions from `*pos` on, or until `deadline`.
@@ -232,7 +266,7 @@ fn verify(region: &Region, worker: usize, pattern: Pattern, w: &Worker, rounds: 
     for (j, &found) in words.iter().enumerate() {
         let j = j as u64;
         let expected = match pattern {
-            Pattern::Seq => value(worker as u64, j, rounds as u64 - 1),
+            Pattern::Seq | Pattern::Hotcold => value(worker as u64, j, rounds as u64 - 1),
             Pattern::Rand => expected_rand(&perm, &w.bounds, n, worker as u64, j),
         };
         if found != expected {
@@ -267,9 +301,14 @@ pub fn run(args: UsememArgs) -> Result<bool, String> {
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
     let words_per_region = regions[0].len() as u64 / 8;
+    if !(0.0..1.0).contains(&args.hot_fraction) {
+        return Err("--hot-fraction must be at least 0 and below 1".into());
+    }
+    let hot_words = ((words_per_region as f64 * args.hot_fraction) as usize) & !511;
     let writes_per_round = match args.pattern {
         Pattern::Seq => words_per_region,
         Pattern::Rand => args.writes.unwrap_or(words_per_region),
+        Pattern::Hotcold => words_per_region + 15 * hot_words as u64,
     };
     let progress: Arc<Vec<AtomicU64>> = Arc::new((0..args.threads).map(|_| AtomicU64::new(0)).collect());
     let barrier = Arc::new(Barrier::new(args.threads + 1));
@@ -304,6 +343,7 @@ pub fn run(args: UsememArgs) -> Result<bool, String> {
                                 writer.seq(r);
                                 pos += n;
                             }
+                            Pattern::Hotcold => pos += writer.hotcold(hot_words, r),
                             Pattern::Rand => {
                                 let deadline = Instant::now() + round_time;
                                 writer.rand(&perm, &mut pos, writes_per_round, deadline, r);
@@ -401,6 +441,7 @@ pub fn run(args: UsememArgs) -> Result<bool, String> {
             compressor: config.compressor.to_string(),
             split_swap: config.split_swap,
             fault_mode: config.fault_mode.to_string(),
+            lru: config.lru.to_string(),
             max_pool: config.max_pool.to_string(),
             charge_pool: config.charge_pool,
         },
@@ -418,7 +459,7 @@ fn print_table(r: &Report) {
     let c = &r.config;
     let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1 << 20) as f64);
     println!(
-        "usemem: {} threads x {}, memory_high {}, folio {}, {} {:?}, {} rounds, {}, fault mode {}",
+        "usemem: {} threads x {}, memory_high {}, folio {}, {} {:?}, {} rounds, {}, fault mode {}, lru {}",
         c.threads,
         format_bytes(c.size),
         c.memory_high.map(format_bytes).unwrap_or_else(|| "max".into()),
@@ -427,7 +468,8 @@ fn print_table(r: &Report) {
         c.pattern,
         c.rounds,
         c.compressor,
-        c.fault_mode
+        c.fault_mode,
+        c.lru
     );
     let mbs = if r.throughput_mb_s >= 10.0 { format!("{:.1}", r.throughput_mb_s) } else { format!("{:.3}", r.throughput_mb_s) };
     println!("  throughput   {:>10} MB/s  ({} written in {:.2} s)", mbs, format_bytes(r.bytes_written), r.wall_s);
@@ -467,6 +509,10 @@ fn print_table(r: &Report) {
     println!(
         "               pgsteal_kswapd {} pgsteal_direct {} allocstall {} zswap_pool_limit_hit {} same_filled {} fault_raced {}",
         v.pgsteal_kswapd, v.pgsteal_direct, v.allocstall, v.zswap_pool_limit_hit, v.zswap_same_filled, v.fault_raced
+    );
+    println!(
+        "               workingset_refault_anon {} workingset_activate_anon {} swapcache_hit {} staging_reused {} staging_populated {}",
+        v.workingset_refault_anon, v.workingset_activate_anon, v.swapcache_hit, v.staging_reused, v.staging_populated
     );
     for (size, s) in &r.stats.per_size {
         println!(

@@ -96,6 +96,43 @@ impl FromStr for FaultMode {
     }
 }
 
+/// How the LRU ages resident folios.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LruPolicy {
+    /// Fault order: a folio joins the tail when installed and is evicted from the head.
+    Fifo,
+    /// Fault order on an inactive list, plus an active list for folios that refault
+    /// within the working-set distance (evicted fewer pages ago than memory_high holds),
+    /// as the kernel's workingset refault detection: hot folios a cold stream pushed out
+    /// once are protected afterwards.
+    Workingset,
+}
+
+impl LruPolicy {
+    pub const ACCEPTED: &'static str = "fifo or workingset";
+}
+
+impl fmt::Display for LruPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LruPolicy::Fifo => "fifo",
+            LruPolicy::Workingset => "workingset",
+        })
+    }
+}
+
+impl FromStr for LruPolicy {
+    type Err = ();
+    fn from_str(s: &str) -> std::result::Result<Self, ()> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "fifo" => Ok(LruPolicy::Fifo),
+            "workingset" => Ok(LruPolicy::Workingset),
+            _ => Err(()),
+        }
+    }
+}
+
 /// The engine's configuration. Start from [`Config::default`] or [`Config::from_env`] and
 /// refine with the builder methods.
 #[derive(Clone, Debug, Serialize)]
@@ -120,6 +157,7 @@ pub struct Config {
     pub fault_threads: usize,
     /// Background reclaim (kswapd) threads, which also compress; 0 means one per CPU.
     pub reclaim_threads: usize,
+    pub lru: LruPolicy,
 }
 
 fn serialize_display<T: fmt::Display, S: serde::Serializer>(v: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -138,6 +176,7 @@ impl Default for Config {
             fault_mode: FaultMode::Thread,
             fault_threads: 0,
             reclaim_threads: 0,
+            lru: LruPolicy::Workingset,
         }
     }
 }
@@ -153,6 +192,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FOLIOSWAP_FAULT_MODE", FaultMode::ACCEPTED),
     ("FOLIOSWAP_FAULT_THREADS", "a thread count, 0 for one per CPU"),
     ("FOLIOSWAP_RECLAIM_THREADS", "a thread count, 0 for one per CPU"),
+    ("FOLIOSWAP_LRU", LruPolicy::ACCEPTED),
 ];
 
 fn accepted(var: &str) -> &'static str {
@@ -209,6 +249,10 @@ impl Config {
             }
             "FOLIOSWAP_FAULT_THREADS" => self.fault_threads(parse_threads(var, value)?),
             "FOLIOSWAP_RECLAIM_THREADS" => self.reclaim_threads(parse_threads(var, value)?),
+            "FOLIOSWAP_LRU" => {
+                let lru = value.parse().map_err(|_| Error::config(var, value, LruPolicy::ACCEPTED))?;
+                self.lru(lru)
+            }
             _ => {
                 let known: Vec<&str> = ENV_VARS.iter().map(|(n, _)| *n).collect();
                 return Err(Error::config(var, value, format!("a known variable: {}", known.join(", "))));
@@ -287,6 +331,10 @@ impl Config {
         self.reclaim_threads = n;
         self
     }
+    pub fn lru(mut self, policy: LruPolicy) -> Config {
+        self.lru = policy;
+        self
+    }
 }
 
 #[cfg(test)]
@@ -309,6 +357,7 @@ mod tests {
             ("FOLIOSWAP_FAULT_MODE", "signal"),
             ("FOLIOSWAP_FAULT_THREADS", "3"),
             ("FOLIOSWAP_RECLAIM_THREADS", "0"),
+            ("FOLIOSWAP_LRU", "fifo"),
             ("PATH", "/usr/bin"),
         ]))
         .unwrap();
@@ -319,6 +368,7 @@ mod tests {
         assert_eq!(c.compressor, Compressor::Zstd { level: 7 });
         assert_eq!(c.fault_mode, FaultMode::Signal);
         assert_eq!(c.fault_threads, 3);
+        assert_eq!(c.lru, LruPolicy::Fifo);
     }
 
     #[test]
@@ -333,6 +383,7 @@ mod tests {
             ("FOLIOSWAP_COMPRESSOR", "zstd:40", "zstd:LEVEL"),
             ("FOLIOSWAP_FAULT_MODE", "fast", "thread or signal"),
             ("FOLIOSWAP_FAULT_THREADS", "-1", "thread count"),
+            ("FOLIOSWAP_LRU", "clock", "fifo or workingset"),
             ("FOLIOSWAP_MEMORY_HGIH", "1G", "FOLIOSWAP_MEMORY_HIGH"),
         ] {
             let err = Config::from_vars(vars(&[(var, value)])).unwrap_err().to_string();

@@ -333,7 +333,7 @@ impl Shared {
                 pe.set_flag(PENDING);
             }
             if kind == Kind::Resident {
-                self.lru.push(table.clone(), page, FolioSize::K4, next.gen());
+                self.lru.push(table.clone(), page, FolioSize::K4, next.gen(), false);
             }
             if i != 0 {
                 pe.unlock();

@@ -136,13 +136,28 @@ impl Shared {
         step
     }
 
-    /// Mark a folio resident after an install: new generation, LRU tail, counters.
-    fn now_resident(&self, table: &Arc<FolioTable>, target: usize, folio: FolioSize, s: State, huge: bool) {
+    /// Mark a folio resident after an install: new generation, LRU tail, counters. A
+    /// folio coming back from eviction (`refault`) within the working-set distance goes
+    /// on the active list.
+    fn now_resident(&self, table: &Arc<FolioTable>, target: usize, folio: FolioSize, s: State, huge: bool, refault: bool) {
         let next = s.with_kind(Kind::Resident).with(HUGE, huge).with(WRITEBACK, false).next_gen();
         let e = table.entry(target);
+        let mut active = false;
+        if refault {
+            let vm = &self.counters.vm;
+            vm.workingset_refault_anon.add(folio.pages() as u64);
+            if self.config.lru == crate::config::LruPolicy::Workingset {
+                let distance = self.reclaim.evict_clock.load(Ordering::Relaxed).wrapping_sub(e.evicted_at()) as u64;
+                let workingset = self.memcg.limit.unwrap_or(u64::MAX) / PAGE_SIZE as u64;
+                active = distance <= workingset;
+                if active {
+                    vm.workingset_activate_anon.add(folio.pages() as u64);
+                }
+            }
+        }
         e.set_handle(0);
         e.set_locked(next);
-        self.lru.push(table.clone(), target, folio, next.gen());
+        self.lru.push(table.clone(), target, folio, next.gen(), active);
         self.counters.vm.pgfault.inc();
     }
 
@@ -208,7 +223,7 @@ impl Shared {
         };
         match result {
             Ok(huge) => {
-                self.now_resident(table, target, folio, s, huge);
+                self.now_resident(table, target, folio, s, huge, s.kind() == Kind::ZeroSwapped);
                 let sc = self.counters.size(folio);
                 if s.kind() == Kind::ZeroSwapped {
                     self.counters.vm.zswpin.add(folio.pages() as u64);
@@ -241,7 +256,7 @@ impl Shared {
                 self.memcg.transfer(Component::SwapCache, Component::Resident, folio.bytes() as u64);
                 self.staging.put_hole(slot);
                 let huge = s.has(HUGE);
-                self.now_resident(table, target, folio, s, huge);
+                self.now_resident(table, target, folio, s, huge, true);
                 self.counters.vm.swapcache_hit.inc();
                 Step::Done(folio)
             }
@@ -284,7 +299,7 @@ impl Shared {
                 self.reclaim.pool_folio_bytes.fetch_sub(bytes, Ordering::Relaxed);
                 self.staging.put_hole(slot);
                 let huge = huge && folio.is_huge();
-                self.now_resident(table, target, folio, s, huge);
+                self.now_resident(table, target, folio, s, huge, true);
                 let sc = self.counters.size(folio);
                 self.counters.vm.pgmajfault.inc();
                 self.counters.vm.zswpin.add(folio.pages() as u64);

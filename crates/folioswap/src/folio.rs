@@ -35,6 +35,9 @@
 //! - a 16-bit generation, bumped on every install, so that the LRU can tell a stale
 //!   entry from the folio's current residency.
 //!
+//! A second word records the eviction clock when the folio was last evicted, so that a
+//! refault can tell how far back it left (the kernel's workingset shadow entry).
+//!
 //! The handle word says where the data is: a staging slot for SwapCache, a pool handle
 //! for Pool; it is read and written only under the lock.
 
@@ -110,7 +113,7 @@ impl State {
 #[repr(C)]
 pub(crate) struct PageEntry {
     state: AtomicU32,
-    _reserved: AtomicU32,
+    evicted_at: AtomicU32,
     handle: AtomicU64,
 }
 
@@ -214,6 +217,13 @@ impl PageEntry {
     pub fn handle(&self) -> u64 {
         self.handle.load(Ordering::Acquire)
     }
+    /// The eviction clock (in pages) when this folio was last evicted.
+    pub fn evicted_at(&self) -> u32 {
+        self.evicted_at.load(Ordering::Relaxed)
+    }
+    pub fn set_evicted_at(&self, clock: u32) {
+        self.evicted_at.store(clock, Ordering::Relaxed)
+    }
     pub fn set_handle(&self, h: u64) {
         self.handle.store(h, Ordering::Release)
     }
@@ -226,7 +236,7 @@ mod tests {
     use std::sync::Arc;
 
     fn entry() -> PageEntry {
-        PageEntry { state: AtomicU32::new(0), _reserved: AtomicU32::new(0), handle: AtomicU64::new(0) }
+        PageEntry { state: AtomicU32::new(0), evicted_at: AtomicU32::new(0), handle: AtomicU64::new(0) }
     }
 
     #[test]

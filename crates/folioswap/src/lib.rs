@@ -37,7 +37,7 @@ pub mod storage;
 mod uffd;
 mod zswap;
 
-pub use config::{Compressor, Config, FaultMode, ENV_VARS};
+pub use config::{Compressor, Config, FaultMode, LruPolicy, ENV_VARS};
 pub use engine::{Engine, Region};
 pub use error::{Error, Result};
 pub use region::RegionOptions;

@@ -1,11 +1,15 @@
 //! Reclaim: the LRU of resident folios, the background reclaimers (kswapd) and direct
 //! reclaim in the fault path, with memory.high semantics (see `memcg.rs`).
 //!
-//! Coldness is fault order: a folio joins the LRU's tail when it is installed and is
-//! evicted from the head. Without accessed bits (this kernel has no idle page tracking
-//! and async write-protect would split THP mappings on the first write) fault order is
-//! what user space can see cheaply; for the sequential and random patterns of the
-//! benchmarks it *is* LRU order, since every folio is touched once per pass.
+//! Coldness is fault order plus refault distance. Without accessed bits (this kernel has
+//! no idle page tracking, and async write-protect would split THP mappings on the first
+//! write) what user space sees cheaply is when a folio faulted in and, for one that was
+//! evicted before, how many pages were evicted since: its refault distance. Folios join
+//! the tail of the inactive list when installed; one that refaults within the working-set
+//! distance (fewer pages evicted since it left than memory_high holds) joins the active
+//! list instead, as the kernel's workingset.c does. Eviction takes the inactive head and
+//! demotes the active head while the inactive list is under a third of the whole.
+//! `LruPolicy::Fifo` keeps a single list, for comparison (BENCHMARKS.md).
 //!
 //! Evicting a folio (`shrink_folio`): lock it, MOVE it out of the region into a staging
 //! hole (atomic: from that instant an access faults and waits on the lock), mark it
@@ -23,7 +27,7 @@ use crate::staging::Slot;
 use crate::zswap::{CodecScratch, StoreError, Stored};
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -35,22 +39,42 @@ pub(crate) struct LruEntry {
 }
 
 #[derive(Default)]
+struct Lists {
+    inactive: VecDeque<LruEntry>,
+    active: VecDeque<LruEntry>,
+}
+
+#[derive(Default)]
 pub(crate) struct Lru {
-    list: Mutex<VecDeque<LruEntry>>,
+    lists: Mutex<Lists>,
 }
 
 impl Lru {
-    pub fn push(&self, table: Arc<FolioTable>, page: usize, folio: FolioSize, gen: u16) {
-        self.list.lock().unwrap().push_back(LruEntry { table, page, order: folio.order() as u8, gen });
+    pub fn push(&self, table: Arc<FolioTable>, page: usize, folio: FolioSize, gen: u16, active: bool) {
+        let entry = LruEntry { table, page, order: folio.order() as u8, gen };
+        let mut lists = self.lists.lock().unwrap();
+        if active {
+            lists.active.push_back(entry);
+        } else {
+            lists.inactive.push_back(entry);
+        }
     }
     fn push_entry(&self, entry: LruEntry) {
-        self.list.lock().unwrap().push_back(entry);
+        self.lists.lock().unwrap().inactive.push_back(entry);
     }
+    /// The coldest candidate: the inactive head, after demoting active folios while the
+    /// inactive list is under a third of all.
     fn pop(&self) -> Option<LruEntry> {
-        self.list.lock().unwrap().pop_front()
+        let mut lists = self.lists.lock().unwrap();
+        while lists.inactive.len() * 2 < lists.active.len() {
+            let demoted = lists.active.pop_front().expect("nonempty");
+            lists.inactive.push_back(demoted);
+        }
+        lists.inactive.pop_front().or_else(|| lists.active.pop_front())
     }
     fn len(&self) -> usize {
-        self.list.lock().unwrap().len()
+        let lists = self.lists.lock().unwrap();
+        lists.inactive.len() + lists.active.len()
     }
 }
 
@@ -68,6 +92,8 @@ pub(crate) struct ReclaimCtl {
     pub pool_folio_bytes: AtomicU64,
     /// The pool refused a store; stop trying until it has room again.
     pool_full: AtomicBool,
+    /// Pages evicted so far (wrapping): the clock refault distances are measured on.
+    pub evict_clock: AtomicU32,
 }
 
 impl ReclaimCtl {
@@ -237,6 +263,7 @@ impl Shared {
             return Reclaimed::Busy;
         }
         let huge = folio.is_huge() && s.has(HUGE);
+        e.set_evicted_at(self.reclaim.evict_clock.fetch_add(folio.pages() as u32, Ordering::Relaxed));
         e.set_handle(slot.to_raw());
         e.set_locked(s.with_kind(Kind::SwapCache).with(WRITEBACK, true));
         self.memcg.transfer(Component::Resident, Component::SwapCache, folio.bytes() as u64);
@@ -416,6 +443,7 @@ impl Shared {
         let pending = e.load().has(PENDING);
         let vm = &self.counters.vm;
         let k4 = self.counters.size(FolioSize::K4);
+        let clock = e.evicted_at();
         for (i, st) in stored.iter().enumerate() {
             let pe = table.entry(head + i);
             let ps = if i == 0 { pe.load() } else { pe.lock() };
@@ -432,6 +460,7 @@ impl Shared {
                 }
             };
             k4.zswpout.inc();
+            pe.set_evicted_at(clock.wrapping_add(i as u32));
             pe.set_locked(ps.with_kind(kind).with(WRITEBACK, false).with(HUGE, false));
             if pending {
                 pe.set_flag(PENDING);
@@ -459,7 +488,7 @@ impl Shared {
                 self.memcg.transfer(Component::SwapCache, Component::Resident, folio.bytes() as u64);
                 self.staging.put_hole(slot);
                 let next = e.set_locked(s.with_kind(Kind::Resident).with(WRITEBACK, false).with(HUGE, huge).next_gen());
-                self.lru.push(table.clone(), head, folio, next.gen());
+                self.lru.push(table.clone(), head, folio, next.gen(), false);
                 // A fault may be waiting (it found WRITEBACK and asked for the folio).
                 self.wake_folio(table, head, folio);
             }

@@ -203,6 +203,10 @@ counter_struct!(
         /// Faults that found their folio still uncompressed in the swap cache (its
         /// eviction not finished) and moved it straight back.
         swapcache_hit,
+        /// Pages faulted back after eviction, and those that came back within the
+        /// working-set distance and were activated (the kernel's workingset counters).
+        workingset_refault_anon,
+        workingset_activate_anon,
         /// Swap-ins that decompressed into staging kept from an eviction, and those that
         /// had to fault in (and zero) fresh memory.
         staging_reused,
