@@ -26,13 +26,13 @@ enum Command {
 #[derive(Subcommand)]
 enum Bench {
     /// vm-scalability's usemem inside the engine: write every word for R rounds, verify.
-    Usemem(usemem::UsememArgs),
+    Usemem(Box<usemem::UsememArgs>),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Bench(Bench::Usemem(args)) => usemem::run(args),
+        Command::Bench(Bench::Usemem(args)) => usemem::run(*args),
         Command::Env => {
             for (name, accepted) in folioswap::ENV_VARS {
                 println!("{name:<28} {accepted}");
