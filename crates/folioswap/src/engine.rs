@@ -14,7 +14,7 @@ use crate::memcg::{Component, MemCg};
 use crate::reclaim::{Lru, ReclaimCtl};
 use crate::region::{AddressMap, FolioTable, MapEntry, RegionOptions};
 use crate::size::{format_bytes, physical_memory, FolioSize, PAGE_SIZE};
-use crate::staging::{Slot, Staging};
+use crate::staging::{Staged, Staging};
 use crate::stats::{Counters, MemoryStat, Stats};
 use crate::uffd::{self, OpenError, Uffd};
 use crate::zswap::{PoolHandle, Zswap};
@@ -323,10 +323,7 @@ impl Shared {
             // Under writeback the compressor owns the slot and its charge: it sees the
             // folio changed and releases both when it finishes.
             Kind::SwapCache if writeback => {}
-            Kind::SwapCache => {
-                self.memcg.uncharge(Component::SwapCache, bytes);
-                self.staging.put_filled(Slot::from_raw(handle), false, &self.memcg);
-            }
+            Kind::SwapCache => self.release_staged(Staged::from_raw(handle), folio, false),
             Kind::Pool => {
                 self.zswap.free(PoolHandle::from_raw(handle));
                 self.reclaim.pool_folio_bytes.fetch_sub(bytes, Ordering::Relaxed);

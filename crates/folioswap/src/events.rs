@@ -22,7 +22,7 @@ use crate::folio::{Kind, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
 use crate::memcg::Component;
 use crate::region::FolioTable;
 use crate::size::{FolioSize, PAGE_SIZE};
-use crate::staging::Slot;
+use crate::staging::Staged;
 use crate::uffd::Msg;
 use crate::zswap::PoolHandle;
 use std::collections::VecDeque;
@@ -272,8 +272,8 @@ impl Shared {
         let e = table.entry(head);
         let s = e.load();
         let bytes = folio.bytes() as u64;
-        // The folio's data, in a staging slot, for Pool and SwapCache folios.
-        let slot = match s.kind() {
+        // The folio's data in staging, for Pool and SwapCache folios.
+        let staged = match s.kind() {
             Kind::Pool => {
                 let handle = PoolHandle::from_raw(e.handle());
                 self.reserve(bytes).map_err(ApplyError::Failed)?;
@@ -294,17 +294,18 @@ impl Shared {
                 self.zswap.free(handle);
                 self.reclaim.pool_folio_bytes.fetch_sub(bytes, Ordering::Relaxed);
                 // Charged as resident from here; pages not kept are uncharged below.
-                Some(slot)
+                Some((Staged { slot, page: 0 }, false))
             }
             Kind::SwapCache => {
                 self.memcg.transfer(Component::SwapCache, Component::Resident, bytes);
-                Some(Slot::from_raw(e.handle()))
+                // A folio below 2 MiB in the swap cache shares a batch slot.
+                Some((Staged::from_raw(e.handle()), !folio.is_huge()))
             }
             _ => None,
         };
         let mut actions = actions.to_vec();
-        let gate = match slot {
-            Some(slot) => self.move_split_pages(table, head, folio, slot, &mut actions),
+        let gate = match staged {
+            Some((at, batch)) => self.move_split_pages(table, head, folio, at, batch, &mut actions),
             None => self.gate.read().unwrap(),
         };
         let was = s.kind();
@@ -320,7 +321,7 @@ impl Shared {
             self.memcg.uncharge(Component::Resident, dropped as u64);
         }
         let pending = e.load().has(PENDING);
-        debug_assert!(!pending || slot.is_none(), "events were folded in while moving pages");
+        debug_assert!(!pending || staged.is_none(), "events were folded in while moving pages");
         for (i, &a) in actions.iter().enumerate() {
             let page = head + i;
             let kind = page_kind(a);
@@ -359,11 +360,14 @@ impl Shared {
         table: &Arc<FolioTable>,
         head: usize,
         folio: FolioSize,
-        slot: Slot,
+        at: Staged,
+        batch: bool,
         actions: &mut [Action],
     ) -> std::sync::RwLockReadGuard<'_, ()> {
         let e = table.entry(head);
-        let base = self.staging.addr(slot);
+        let slot = at.slot;
+        let base = self.staging.staged_addr(at);
+        let first = at.page as usize * PAGE_SIZE;
         let mut moved = vec![false; folio.pages()];
         'again: loop {
             let gate = self.gate.read().unwrap();
@@ -378,7 +382,7 @@ impl Shared {
             }
             for (i, a) in actions.iter().enumerate() {
                 if *a != Action::Keep && !moved[i] {
-                    let _ = self.staging.discard_range(slot, i * PAGE_SIZE, PAGE_SIZE);
+                    let _ = self.staging.discard_range(slot, first + i * PAGE_SIZE, PAGE_SIZE);
                 }
             }
             for run in table.mapped_runs(head, folio.pages()) {
@@ -421,8 +425,13 @@ impl Shared {
                     }
                 }
             }
-            let _ = self.staging.discard_range(slot, 0, folio.bytes());
-            self.staging.put_hole(slot);
+            let _ = self.staging.discard_range(slot, first, folio.bytes());
+            if batch {
+                // Its pages moved out or were dropped: it leaves nothing in the batch slot.
+                self.staging.end_batch_member(slot, 0, &self.memcg);
+            } else {
+                self.staging.put_hole(slot);
+            }
             return gate;
         }
     }

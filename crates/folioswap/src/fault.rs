@@ -18,7 +18,7 @@ use crate::folio::{Kind, State, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
 use crate::memcg::Component;
 use crate::region::FolioTable;
 use crate::size::{FolioSize, PAGE_SIZE};
-use crate::staging::Slot;
+use crate::staging::{Slot, Staged};
 use crate::uffd::Msg;
 use crate::zswap::PoolHandle;
 use std::sync::atomic::Ordering;
@@ -43,6 +43,15 @@ pub(crate) enum Step {
     Retry,
     NotOurs,
     Fail(String),
+}
+
+/// How an install placed the folio.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Installed {
+    /// The slot's pages were moved into the region: the slot is a hole now.
+    Moved,
+    /// The slot's contents were copied: the slot still holds its pages, for reuse.
+    Copied,
 }
 
 /// Why an install did not happen.
@@ -211,10 +220,10 @@ impl Shared {
                     }
                     let r = self.install_slot(table, target, folio, slot);
                     match r {
-                        Ok(()) => self.staging.put_hole(slot),
-                        Err(_) => self.staging.put_filled(slot, huge, &self.memcg),
+                        Ok(Installed::Moved) => self.staging.put_hole(slot),
+                        _ => self.staging.put_filled(slot, huge, &self.memcg),
                     }
-                    r.map(|()| huge)
+                    r.map(|_| huge)
                 }
                 Err(e) => Err(InstallError::Failed(format!("staging a zeroed huge page: {e}"))),
             }
@@ -248,14 +257,31 @@ impl Shared {
         }
     }
 
-    /// A swap-cache hit: the folio is whole in staging; move it back.
+    /// A swap-cache hit: the folio is whole in staging. A 2 MiB folio moves back from its
+    /// own slot; a batch member is copied back (no TLB shootdown) from its share of the
+    /// batch slot.
     fn fault_swapcache(&self, table: &Arc<FolioTable>, target: usize, folio: FolioSize, s: State) -> Step {
-        let slot = Slot::from_raw(table.entry(target).handle());
-        match self.install_slot(table, target, folio, slot) {
+        let at = Staged::from_raw(table.entry(target).handle());
+        let bytes = folio.bytes() as u64;
+        let huge = s.has(HUGE);
+        let installed = if folio.is_huge() {
+            self.install_move(table, target, folio, at.slot).map(|()| {
+                self.memcg.transfer(Component::SwapCache, Component::Resident, bytes);
+                self.staging.put_hole(at.slot);
+            })
+        } else {
+            if let Err(msg) = self.reserve(bytes) {
+                return Step::Fail(msg);
+            }
+            let r = self.install_copy(table, target, folio, self.staging.staged_addr(at));
+            match r {
+                Ok(()) => self.release_staged(at, folio, huge),
+                Err(_) => self.memcg.uncharge(Component::Resident, bytes),
+            }
+            r
+        };
+        match installed {
             Ok(()) => {
-                self.memcg.transfer(Component::SwapCache, Component::Resident, folio.bytes() as u64);
-                self.staging.put_hole(slot);
-                let huge = s.has(HUGE);
                 self.now_resident(table, target, folio, s, huge, true);
                 self.counters.vm.swapcache_hit.inc();
                 Step::Done(folio)
@@ -294,10 +320,10 @@ impl Shared {
             return Step::Fail(format!("pool entry of the folio at page {target} is corrupt: {msg}"));
         }
         match self.install_slot(table, target, folio, slot) {
-            Ok(()) => {
+            Ok(how) => {
                 self.zswap.free(handle);
                 self.reclaim.pool_folio_bytes.fetch_sub(bytes, Ordering::Relaxed);
-                self.staging.put_hole(slot);
+                self.release_after_install(slot, how, huge);
                 let huge = huge && folio.is_huge();
                 self.now_resident(table, target, folio, s, huge, true);
                 let sc = self.counters.size(folio);
@@ -331,8 +357,27 @@ impl Shared {
         }
     }
 
-    /// Move the folio in `slot` into its place in the region, waking waiting threads.
-    pub(crate) fn install_slot(&self, table: &FolioTable, head: usize, folio: FolioSize, slot: Slot) -> Result<(), InstallError> {
+    /// Give a slot back after its folio was installed from it.
+    pub(crate) fn release_after_install(&self, slot: Slot, how: Installed, huge: bool) {
+        match how {
+            Installed::Moved => self.staging.put_hole(slot),
+            Installed::Copied => self.staging.put_filled(slot, huge, &self.memcg),
+        }
+    }
+
+    /// Put the folio in `slot` in its place in the region. 2 MiB folios move in (and
+    /// arrive as THPs); smaller ones are copied: a MOVE clears the source PTEs and so
+    /// flushes the TLB of every CPU the process runs on, an inter-processor interrupt that
+    /// is a VM exit here, while COPY leaves the slot mapped and filled for the next
+    /// decompression, at about 1 µs per 4 KiB.
+    pub(crate) fn install_slot(&self, table: &FolioTable, head: usize, folio: FolioSize, slot: Slot) -> Result<Installed, InstallError> {
+        if !folio.is_huge() {
+            return self.install_copy(table, head, folio, self.staging.addr(slot)).map(|()| Installed::Copied);
+        }
+        self.install_move(table, head, folio, slot).map(|()| Installed::Moved)
+    }
+
+    pub(crate) fn install_move(&self, table: &FolioTable, head: usize, folio: FolioSize, slot: Slot) -> Result<(), InstallError> {
         let src = self.staging.addr(slot);
         let len = folio.bytes();
         let mut done = 0;
@@ -377,6 +422,12 @@ impl Shared {
 
     /// Copy zeros into a folio's place (folios below 2 MiB): one UFFDIO_COPY.
     fn install_zero(&self, table: &FolioTable, head: usize, folio: FolioSize) -> Result<(), InstallError> {
+        self.install_copy(table, head, folio, ZERO.as_ptr() as usize)
+    }
+
+    /// Copy `folio.bytes()` from `src` into the folio's place. Pages already present (left
+    /// by a zap racing an earlier install, or copied before an EAGAIN) are stepped over.
+    pub(crate) fn install_copy(&self, table: &FolioTable, head: usize, folio: FolioSize, src: usize) -> Result<(), InstallError> {
         let len = folio.bytes();
         let mut done = 0;
         loop {
@@ -388,13 +439,11 @@ impl Shared {
                 return Err(InstallError::Unmapped);
             };
             loop {
-                match self.uffd.copy(addr + done, ZERO.as_ptr(), len - done, false) {
+                match self.uffd.copy(addr + done, (src + done) as *const u8, len - done, false) {
                     Ok(()) => return Ok(()),
                     Err(e) => {
                         done += e.done;
                         match e.errno {
-                            // A page is already there (left by a zap racing an earlier
-                            // install): it holds zeros too, step over it.
                             libc::EEXIST => {
                                 done += PAGE_SIZE;
                                 if done >= len {
@@ -402,7 +451,7 @@ impl Shared {
                                 }
                             }
                             libc::EAGAIN => break,
-                            libc::ENOENT | libc::EINVAL | libc::EFAULT => return Err(InstallError::Unmapped),
+                            libc::ENOENT | libc::EINVAL | libc::EFAULT if done == 0 => return Err(InstallError::Unmapped),
                             _ => return Err(InstallError::Failed(format!("UFFDIO_COPY into {addr:#x} failed: {e}"))),
                         }
                     }

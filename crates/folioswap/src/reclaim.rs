@@ -22,8 +22,9 @@ use crate::engine::Shared;
 use crate::folio::{Kind, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
 use crate::memcg::Component;
 use crate::region::FolioTable;
-use crate::size::{FolioSize, PAGE_SIZE};
-use crate::staging::Slot;
+use crate::size::{FolioSize, HUGE_SIZE, PAGE_SIZE};
+use crate::folio::State;
+use crate::staging::{Slot, Staged};
 use crate::zswap::{CodecScratch, StoreError, Stored};
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -71,6 +72,15 @@ impl Lru {
             lists.inactive.push_back(demoted);
         }
         lists.inactive.pop_front().or_else(|| lists.active.pop_front())
+    }
+    /// Pop the next candidate only if it satisfies `pred` (extending an eviction batch).
+    fn pop_next_if(&self, pred: impl Fn(&LruEntry) -> bool) -> Option<LruEntry> {
+        let mut lists = self.lists.lock().unwrap();
+        if lists.inactive.front().is_some_and(&pred) {
+            lists.inactive.pop_front()
+        } else {
+            None
+        }
     }
     fn len(&self) -> usize {
         let lists = self.lists.lock().unwrap();
@@ -145,6 +155,11 @@ pub(crate) enum Reclaimed {
     PoolFull,
 }
 
+/// Whether a locked LRU candidate is still the resident folio it was queued as.
+fn evictable(v: &LruEntry, s: State) -> bool {
+    s.kind() == Kind::Resident && s.gen() == v.gen && (v.order == 0 || !s.has(SPLIT))
+}
+
 thread_local! {
     static DIRECT_SCRATCH: RefCell<CodecScratch> = RefCell::new(CodecScratch::new());
 }
@@ -216,7 +231,7 @@ impl Shared {
                 busy = true;
                 continue;
             };
-            let current = s.kind() == Kind::Resident && s.gen() == v.gen && (v.order == 0 || !s.has(SPLIT));
+            let current = evictable(&v, s);
             if current && !s.has(PENDING) {
                 return Ok((v, s));
             }
@@ -230,65 +245,120 @@ impl Shared {
         Err(if busy { Reclaimed::Busy } else { Reclaimed::Nothing })
     }
 
-    /// Evict one folio: `shrink_folio_list` for a list of one.
+    /// Evict from the LRU head: one 2 MiB folio, or a batch of smaller ones that are next
+    /// to each other both in LRU order and in the address space, moved out with one
+    /// UFFDIO_MOVE (one TLB shootdown) into one 2 MiB staging slot: `shrink_folio_list`
+    /// with batched flushes.
     pub(crate) fn shrink_one(&self, scratch: &mut CodecScratch, direct: bool) -> Reclaimed {
         let (victim, s) = match self.pick_victim() {
             Ok(v) => v,
             Err(r) => return r,
         };
-        let table = &victim.table;
-        let head = victim.page;
         let folio = FolioSize::from_order(victim.order as u32).expect("valid order");
-        let e = table.entry(head);
         if !self.pool_has_room(folio.bytes() as u64 / 2) {
-            e.unlock();
+            victim.table.entry(victim.page).unlock();
             self.lru.push_entry(victim);
             return Reclaimed::PoolFull;
         }
-        let slot = match self.staging.take_hole(folio.order(), &self.memcg) {
+        let mut run = vec![(victim, s)];
+        if !folio.is_huge() {
+            self.extend_batch(&mut run, folio);
+        }
+        let slot = match self.staging.take_hole(FolioSize::M2.order(), &self.memcg) {
             Ok(slot) => slot,
             Err(err) => {
-                e.unlock();
-                self.lru.push_entry(victim);
                 eprintln!("folioswap: no staging for eviction: {err}");
+                self.unlock_run(run, true);
                 return Reclaimed::Nothing;
             }
         };
-        if let Err(again) = self.move_out(table, head, folio, slot) {
-            e.unlock();
+        let (table, head) = (run[0].0.table.clone(), run[0].0.page);
+        if let Err(again) = self.move_out(&table, head, folio, run.len(), slot) {
             self.staging.put_hole(slot);
-            if again {
-                self.lru.push_entry(victim);
-            }
+            self.unlock_run(run, again);
             return Reclaimed::Busy;
         }
-        let huge = folio.is_huge() && s.has(HUGE);
-        e.set_evicted_at(self.reclaim.evict_clock.fetch_add(folio.pages() as u32, Ordering::Relaxed));
-        e.set_handle(slot.to_raw());
-        e.set_locked(s.with_kind(Kind::SwapCache).with(WRITEBACK, true));
-        self.memcg.transfer(Component::Resident, Component::SwapCache, folio.bytes() as u64);
-        self.reclaim.inflight.fetch_add(1, Ordering::AcqRel);
-        e.unlock();
-
-        let result = self.compress_evicted(slot, folio, scratch);
-        let freed = self.finish_eviction(&victim, folio, slot, huge, result, direct);
-        self.reclaim.inflight.fetch_sub(1, Ordering::AcqRel);
-        self.reclaim.notify_progress();
-        freed
+        if !folio.is_huge() {
+            self.staging.begin_batch(slot, run.len() as u32);
+        }
+        let pages = folio.pages();
+        let clock = self.reclaim.evict_clock.fetch_add((run.len() * pages) as u32, Ordering::Relaxed);
+        self.reclaim.inflight.fetch_add(run.len() as u64, Ordering::AcqRel);
+        let mut members = Vec::with_capacity(run.len());
+        for (i, (v, s)) in run.into_iter().enumerate() {
+            let e = v.table.entry(v.page);
+            let at = Staged { slot, page: (i * pages) as u32 };
+            e.set_evicted_at(clock.wrapping_add((i * pages) as u32));
+            e.set_handle(at.to_raw());
+            e.set_locked(s.with_kind(Kind::SwapCache).with(WRITEBACK, true));
+            self.memcg.transfer(Component::Resident, Component::SwapCache, folio.bytes() as u64);
+            e.unlock();
+            members.push((v, at, folio.is_huge() && s.has(HUGE)));
+        }
+        // Progress if any member left memory; PoolFull only if the pool refused them all.
+        let mut outcome = Reclaimed::Busy;
+        for (v, at, huge) in &members {
+            let result = self.compress_evicted(*at, folio, scratch);
+            match self.finish_eviction(v, folio, *at, *huge, result, direct) {
+                Reclaimed::Freed => outcome = Reclaimed::Freed,
+                Reclaimed::PoolFull if outcome != Reclaimed::Freed => outcome = Reclaimed::PoolFull,
+                _ => {}
+            }
+            self.reclaim.inflight.fetch_sub(1, Ordering::AcqRel);
+            self.reclaim.notify_progress();
+        }
+        outcome
     }
 
-    /// MOVE the folio out of its region into `slot`, under the gate. Err(true): try again
-    /// later; Err(false): the folio is gone from the address space.
-    fn move_out(&self, table: &FolioTable, head: usize, folio: FolioSize, slot: Slot) -> Result<(), bool> {
+    /// Add to `run` the LRU candidates that follow it in the address space.
+    fn extend_batch(&self, run: &mut Vec<(LruEntry, State)>, folio: FolioSize) {
+        let max = HUGE_SIZE / folio.bytes();
+        while run.len() < max {
+            let (table, next, order) = {
+                let last = &run.last().expect("nonempty").0;
+                (last.table.clone(), last.page + folio.pages(), last.order)
+            };
+            let Some(v) = self.lru.pop_next_if(|c| Arc::ptr_eq(&c.table, &table) && c.page == next && c.order == order)
+            else {
+                break;
+            };
+            let e = v.table.entry(v.page);
+            match e.try_lock() {
+                Some(s) if evictable(&v, s) && !s.has(PENDING) => run.push((v, s)),
+                Some(_) => {
+                    // A stale entry (the folio left or came back since): drop it.
+                    e.unlock();
+                    break;
+                }
+                None => {
+                    self.lru.push_entry(v);
+                    break;
+                }
+            }
+        }
+    }
+
+    fn unlock_run(&self, run: Vec<(LruEntry, State)>, requeue: bool) {
+        for (v, _) in run {
+            v.table.entry(v.page).unlock();
+            if requeue {
+                self.lru.push_entry(v);
+            }
+        }
+    }
+
+    /// MOVE `count` consecutive folios out of their region into `slot`, under the gate.
+    /// Err(true): try again later; Err(false): the range is gone from the address space.
+    fn move_out(&self, table: &FolioTable, head: usize, folio: FolioSize, count: usize, slot: Slot) -> Result<(), bool> {
         let _gate = self.gate.read().unwrap();
-        if table.entry(head).load().has(PENDING) {
+        if (0..count).any(|i| table.entry(head + i * folio.pages()).load().has(PENDING)) {
             return Err(true);
         }
-        let Some(addr) = table.folio_addr(head, folio.pages()) else {
+        let Some(addr) = table.folio_addr(head, count * folio.pages()) else {
             return Err(true);
         };
         let dst = self.staging.addr(slot);
-        let len = folio.bytes();
+        let len = count * folio.bytes();
         let mut done = 0;
         while done < len {
             match self.staging.uffd().move_pages(dst + done, addr + done, len - done, false) {
@@ -303,7 +373,7 @@ impl Shared {
                 Err(err) => {
                     done += err.done;
                     if done > 0 {
-                        // Put back what moved, so the folio stays whole where it was.
+                        // Put back what moved, so the folios stay whole where they were.
                         let _ = self.uffd.move_pages(addr, dst, done, true);
                     }
                     // ENOENT/EINVAL: the program unmapped (part of) the range and the
@@ -319,11 +389,25 @@ impl Shared {
         Ok(())
     }
 
-    /// Compress the folio in `slot`: whole, or (split mode) as independent 4 KiB pages.
-    fn compress_evicted(&self, slot: Slot, folio: FolioSize, scratch: &mut CodecScratch) -> Result<Vec<Stored>, StoreError> {
-        // SAFETY: the folio is SwapCache+WRITEBACK with this slot: nothing moves its pages
-        // away or writes them until finish_eviction takes the lock again.
-        let data: &[u8] = unsafe { self.staging.slice_mut(slot) };
+    /// The swap cache lets go of a folio's staged copy (stored, discarded, or copied back):
+    /// a 2 MiB folio's slot is kept filled for reuse or emptied; a batch member's share of
+    /// its batch slot stays charged until the batch's last member lets go.
+    pub(crate) fn release_staged(&self, at: Staged, folio: FolioSize, huge: bool) {
+        let bytes = folio.bytes() as u64;
+        if folio.is_huge() {
+            self.memcg.uncharge(Component::SwapCache, bytes);
+            self.staging.put_filled(at.slot, huge, &self.memcg);
+        } else {
+            self.memcg.transfer(Component::SwapCache, Component::StagingFree, bytes);
+            self.staging.end_batch_member(at.slot, bytes, &self.memcg);
+        }
+    }
+
+    /// Compress a staged folio: whole, or (split mode) as independent 4 KiB pages.
+    fn compress_evicted(&self, at: Staged, folio: FolioSize, scratch: &mut CodecScratch) -> Result<Vec<Stored>, StoreError> {
+        // SAFETY: the folio is SwapCache+WRITEBACK with this staged copy: nothing moves its
+        // pages away or writes them until finish_eviction takes the lock again.
+        let data: &[u8] = unsafe { self.staging.staged_slice(at, folio.bytes()) };
         if !(self.config.split_swap && folio.order() > 0) {
             return self.zswap.zswap_store(data, scratch).map(|s| vec![s]);
         }
@@ -353,7 +437,7 @@ impl Shared {
         &self,
         victim: &LruEntry,
         folio: FolioSize,
-        slot: Slot,
+        at: Staged,
         huge: bool,
         result: Result<Vec<Stored>, StoreError>,
         direct: bool,
@@ -363,16 +447,15 @@ impl Shared {
         let e = table.entry(head);
         let bytes = folio.bytes() as u64;
         let s = e.lock();
-        let ours = s.kind() == Kind::SwapCache && s.has(WRITEBACK) && e.handle() == slot.to_raw();
+        let ours = s.kind() == Kind::SwapCache && s.has(WRITEBACK) && e.handle() == at.to_raw();
         if !ours {
-            // Discarded (REMOVE/UNMAP/drop) while we compressed: the slot and its charge
-            // are ours to release.
+            // Discarded (REMOVE/UNMAP/drop) while we compressed: the staged copy and its
+            // charge are ours to release.
             e.unlock();
             if let Ok(stored) = &result {
                 self.free_stored(stored);
             }
-            self.memcg.uncharge(Component::SwapCache, bytes);
-            self.staging.put_filled(slot, huge, &self.memcg);
+            self.release_staged(at, folio, huge);
             return Reclaimed::Freed;
         }
         if s.has(WANTED) {
@@ -389,7 +472,7 @@ impl Shared {
             Err(StoreError::Full) => {
                 self.counters.vm.zswap_pool_limit_hit.inc();
                 self.reclaim.pool_full.store(true, Ordering::Relaxed);
-                self.put_back(table, head, folio, slot, huge);
+                self.put_back(table, head, folio, at, huge);
                 e.unlock();
                 return Reclaimed::PoolFull;
             }
@@ -430,8 +513,7 @@ impl Shared {
             }
         }
         e.unlock();
-        self.memcg.uncharge(Component::SwapCache, bytes);
-        self.staging.put_filled(slot, huge, &self.memcg);
+        self.release_staged(at, folio, huge);
         Reclaimed::Freed
     }
 
@@ -479,14 +561,25 @@ impl Shared {
         }
     }
 
-    /// The pool refused the folio: move it back into place, resident again.
-    fn put_back(&self, table: &Arc<FolioTable>, head: usize, folio: FolioSize, slot: Slot, huge: bool) {
+    /// The pool refused the folio: put it back into place, resident again (a 2 MiB folio
+    /// by MOVE from its own slot, a batch member by COPY from its share of the batch slot).
+    fn put_back(&self, table: &Arc<FolioTable>, head: usize, folio: FolioSize, at: Staged, huge: bool) {
         let e = table.entry(head);
         let s = e.load();
-        match self.install_slot(table, head, folio, slot) {
+        let bytes = folio.bytes() as u64;
+        let installed = if folio.is_huge() {
+            self.install_slot(table, head, folio, at.slot).map(|how| {
+                self.memcg.transfer(Component::SwapCache, Component::Resident, bytes);
+                self.release_after_install(at.slot, how, huge);
+            })
+        } else {
+            self.install_copy(table, head, folio, self.staging.staged_addr(at)).map(|()| {
+                self.memcg.charge(Component::Resident, bytes);
+                self.release_staged(at, folio, huge);
+            })
+        };
+        match installed {
             Ok(()) => {
-                self.memcg.transfer(Component::SwapCache, Component::Resident, folio.bytes() as u64);
-                self.staging.put_hole(slot);
                 let next = e.set_locked(s.with_kind(Kind::Resident).with(WRITEBACK, false).with(HUGE, huge).next_gen());
                 self.lru.push(table.clone(), head, folio, next.gen(), false);
                 // A fault may be waiting (it found WRITEBACK and asked for the folio).
