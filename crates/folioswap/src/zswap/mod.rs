@@ -12,7 +12,7 @@
 mod compress;
 mod zpool;
 
-pub(crate) use compress::{Codec, CodecScratch};
+pub use compress::{Codec, CodecScratch};
 pub use zpool::{PoolError, PoolHandle, ZPool};
 
 use crate::config::Compressor;

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Run `folioswap bench usemem` over a matrix of configurations, several times each, and
+print a Markdown table of medians (the numbers in BENCHMARKS.md come from here).
+
+Usage: scripts/bench_usemem.py [--runs 3] [--out results.jsonl] [--only NAME ...] [-- extra args]
+
+Each configuration runs `--runs` times, interleaved (A B C A B C ...) so that drift in this
+shared VM's speed hits every configuration alike. Every run must verify; a failed run is
+reported and makes the script exit non-zero.
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+BIN = "./target/release/folioswap"
+BASE = ["bench", "usemem", "--threads", "2", "--size", "1G", "--limit", "512M", "--rounds", "4", "--json"]
+
+MATRIX = [
+    ("2M seq", ["--folio", "2M", "--pattern", "seq"]),
+    ("2M --split seq", ["--folio", "2M", "--split", "--pattern", "seq"]),
+    ("64K seq", ["--folio", "64K", "--pattern", "seq"]),
+    ("4K seq", ["--folio", "4K", "--pattern", "seq"]),
+    ("2M rand", ["--folio", "2M", "--pattern", "rand"]),
+    ("2M --split rand", ["--folio", "2M", "--split", "--pattern", "rand"]),
+    ("64K rand", ["--folio", "64K", "--pattern", "rand"]),
+    ("4K rand", ["--folio", "4K", "--pattern", "rand"]),
+    ("2M seq signal", ["--folio", "2M", "--pattern", "seq", "--fault-mode", "signal"]),
+    ("64K seq signal", ["--folio", "64K", "--pattern", "seq", "--fault-mode", "signal"]),
+    ("4K seq signal", ["--folio", "4K", "--pattern", "seq", "--fault-mode", "signal"]),
+    ("4K rand signal", ["--folio", "4K", "--pattern", "rand", "--fault-mode", "signal"]),
+]
+
+
+def run_one(args):
+    p = subprocess.run([BIN] + BASE + args, capture_output=True, text=True)
+    if p.returncode != 0:
+        return None, p.stderr.strip()[-500:]
+    return json.loads(p.stdout), None
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", default=None, help="append every run's JSON here")
+    ap.add_argument("--only", nargs="*", default=None, help="configuration names to run")
+    ap.add_argument("extra", nargs="*", help="extra usemem arguments for every run")
+    a = ap.parse_args()
+    matrix = [(n, x + a.extra) for n, x in MATRIX if a.only is None or n in a.only]
+    results = {n: [] for n, _ in matrix}
+    failed = False
+    out = open(a.out, "a") if a.out else None
+    for i in range(a.runs):
+        for name, args in matrix:
+            r, err = run_one(args)
+            if r is None or not r["verified"]:
+                failed = True
+                print(f"FAILED: {name} run {i + 1}: {err or 'verification failed'}", file=sys.stderr)
+                continue
+            results[name].append(r)
+            extra = f", {r['writes_per_s']:.0f} writes/s" if "writes_per_s" in r else ""
+            print(f"# {name} run {i + 1}: {r['throughput_mb_s']:.0f} MB/s{extra}", file=sys.stderr, flush=True)
+            if out:
+                out.write(json.dumps({"name": name, "args": BASE + args, "result": r}) + "\n")
+                out.flush()
+
+    print("| configuration | MB/s (median) | runs | writes/s (median) | THP % of resident | fault p50 / p99 µs | zswpout | zswpin |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, _ in matrix:
+        rs = results[name]
+        if not rs:
+            print(f"| {name} | failed | | | | | | |")
+            continue
+        mbs = [r["throughput_mb_s"] for r in rs]
+        wps = [r["writes_per_s"] for r in rs if "writes_per_s" in r]
+        thp = med([r["anon_huge_pct_of_resident"] for r in rs])
+        lat = [r["stats"]["fault_latency"]["all"] for r in rs]
+        p50 = med([x["p50_us"] for x in lat])
+        p99 = med([x["p99_us"] for x in lat])
+        zo = med([r["stats"]["zswpout"] for r in rs])
+        zi = med([r["stats"]["zswpin"] for r in rs])
+        runs = " / ".join(f"{x:.0f}" for x in mbs)
+        w = f"{med(wps):.0f}" if wps else "–"
+        print(f"| {name} | **{med(mbs):.0f}** | {runs} | {w} | {thp:.0f} | {p50:.0f} / {p99:.0f} | {zo:.0f} | {zi:.0f} |")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
