@@ -34,6 +34,7 @@ mod smaps;
 mod staging;
 mod stats;
 pub mod storage;
+pub mod swapfile;
 mod uffd;
 mod zswap;
 

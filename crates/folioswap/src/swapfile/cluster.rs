@@ -1,0 +1,1 @@
+//! Swap slot allocation: clusters, per-order lists, slot caches (being written).
