@@ -3,6 +3,7 @@
 mod codec;
 mod pattern;
 mod progress;
+mod slots;
 mod usemem;
 
 use clap::{Parser, Subcommand};
@@ -30,6 +31,9 @@ enum Bench {
     Usemem(Box<usemem::UsememArgs>),
     /// The pool's codec alone: compress/decompress speed and ratio per folio size.
     Codec(codec::CodecArgs),
+    /// The swap slot allocator alone: allocations+frees per second per thread count, cluster
+    /// locks and slot caches against one global lock (seed 003).
+    Slots(slots::SlotsArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +41,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Bench(Bench::Usemem(args)) => usemem::run(*args),
         Command::Bench(Bench::Codec(args)) => codec::run(args),
+        Command::Bench(Bench::Slots(args)) => slots::run(args),
         Command::Env => {
             for (name, accepted) in folioswap::ENV_VARS {
                 println!("{name:<28} {accepted}");
