@@ -79,6 +79,16 @@ pub struct UsememArgs {
     /// Fault threads in thread mode (0: one per CPU).
     #[arg(long)]
     fault_threads: Option<usize>,
+    /// A swap file behind the pool: PATH:SIZE, a file to create or a directory
+    /// (default: FOLIOSWAP_SWAP_FILE, or none). `--max-pool 0` then turns the pool off.
+    #[arg(long)]
+    swap_file: Option<String>,
+    /// Percent of max_pool under which a full pool accepts folios again.
+    #[arg(long)]
+    accept_threshold: Option<String>,
+    /// With a swap file: folios compressing less than this go straight to the file.
+    #[arg(long)]
+    min_compression_ratio: Option<String>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -137,6 +147,8 @@ struct RunConfig {
     lru: String,
     max_pool: String,
     charge_pool: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    swap_file: Option<String>,
 }
 
 fn build_config(args: &UsememArgs) -> folioswap::Result<Config> {
@@ -167,6 +179,15 @@ fn build_config(args: &UsememArgs) -> folioswap::Result<Config> {
     }
     if args.charge_pool {
         c = c.charge_pool(true);
+    }
+    if let Some(f) = &args.swap_file {
+        c = c.set("FOLIOSWAP_SWAP_FILE", f)?;
+    }
+    if let Some(t) = &args.accept_threshold {
+        c = c.accept_threshold_percent(t)?;
+    }
+    if let Some(r) = &args.min_compression_ratio {
+        c = c.min_compression_ratio(r)?;
     }
     Ok(c)
 }
@@ -444,6 +465,7 @@ pub fn run(args: UsememArgs) -> Result<bool, String> {
             lru: config.lru.to_string(),
             max_pool: config.max_pool.to_string(),
             charge_pool: config.charge_pool,
+            swap_file: config.swap_file.as_ref().map(|f| format!("{}:{}", f.path.display(), format_bytes(f.size))),
         },
         stats,
     };
@@ -501,6 +523,26 @@ fn print_table(r: &Report) {
         mib(m.pool_compressed_bytes),
         m.pool_entries
     );
+    if let (Some(sw), Some(file)) = (&r.stats.swap, &c.swap_file) {
+        let lat = |l: &Option<folioswap::Latency>| l.as_ref().map(|l| format!("p50 {:.0}us p99 {:.0}us", l.p50_us, l.p99_us)).unwrap_or_default();
+        println!(
+            "  swap file    {} {}: {} of {} slots used ({} bad), {} written ({}), {} read ({})",
+            file,
+            if sw.direct_io { "O_DIRECT" } else { "buffered" },
+            sw.slots_used,
+            sw.slots_total,
+            sw.slots_bad,
+            mib(sw.io.bytes_written),
+            lat(&sw.io.write_latency),
+            mib(sw.io.bytes_read),
+            lat(&sw.io.read_latency)
+        );
+        let v = &r.stats.vm;
+        println!(
+            "               zswpwb {} thp_swpout {} thp_swpout_fallback {} reject_compress_poor {} write_error {} read_error {}",
+            v.zswpwb, v.thp_swpout, v.thp_swpout_fallback, v.zswap_reject_compress_poor, v.swap_write_error, v.swap_read_error
+        );
+    }
     let v = &r.stats.vm;
     println!(
         "  vmstat       pgfault {} pgmajfault {} zswpout {} zswpin {} pswpout {} pswpin {} thp_swpout_fallback {} thp_split_page {}",
@@ -516,8 +558,8 @@ fn print_table(r: &Report) {
     );
     for (size, s) in &r.stats.per_size {
         println!(
-            "  {:>7}      anon_fault_alloc {} anon_fault_fallback {} zswpout {} zswpin {} swpout_fallback {} split {}",
-            size, s.anon_fault_alloc, s.anon_fault_fallback, s.zswpout, s.zswpin, s.swpout_fallback, s.split
+            "  {:>7}      anon_fault_alloc {} anon_fault_fallback {} zswpout {} zswpin {} swpout {} swpin {} swpout_fallback {} split {}",
+            size, s.anon_fault_alloc, s.anon_fault_fallback, s.zswpout, s.zswpin, s.swpout, s.swpin, s.swpout_fallback, s.split
         );
     }
     for (size, l) in &r.stats.fault_latency {

@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::size::{format_bytes, parse_bytes, FolioSize, PoolLimit};
 use serde::Serialize;
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 
 /// How a compressed folio is encoded in the pool.
@@ -133,6 +134,36 @@ impl FromStr for LruPolicy {
     }
 }
 
+/// Where the swap file tier lives: a file path (created, refused if it exists) or a
+/// directory (an unlinked `O_TMPFILE` is made there), and its size.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SwapFileSpec {
+    pub path: PathBuf,
+    pub size: u64,
+}
+
+impl FromStr for SwapFileSpec {
+    type Err = String;
+    /// `PATH:SIZE`, e.g. `/var/tmp/app.swap:8G` or `/var/tmp:8G`.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let (path, size) = s.rsplit_once(':').ok_or("no :SIZE after the path")?;
+        if path.is_empty() {
+            return Err("the path is empty".into());
+        }
+        let size = parse_bytes(size).map_err(|e| e.reason)?;
+        if size < SwapFileSpec::MIN_SIZE {
+            return Err(format!("the size must be at least {}", format_bytes(SwapFileSpec::MIN_SIZE)));
+        }
+        Ok(SwapFileSpec { path: PathBuf::from(path), size })
+    }
+}
+
+impl SwapFileSpec {
+    pub const ACCEPTED: &'static str = "PATH:SIZE, a file to create or a directory, and a size of at least 2M (e.g. /var/tmp:8G)";
+    /// One 2 MiB cluster.
+    pub const MIN_SIZE: u64 = 2 << 20;
+}
+
 /// The engine's configuration. Start from [`Config::default`] or [`Config::from_env`] and
 /// refine with the builder methods.
 #[derive(Clone, Debug, Serialize)]
@@ -158,6 +189,18 @@ pub struct Config {
     /// Background reclaim (kswapd) threads, which also compress; 0 means one per CPU.
     pub reclaim_threads: usize,
     pub lru: LruPolicy,
+    /// The swap file behind the pool; `None`: the pool is the only place evicted folios go.
+    pub swap_file: Option<SwapFileSpec>,
+    /// Once the pool has hit `max_pool` it accepts folios again only when it has shrunk
+    /// under this percentage of it (zswap's `accept_threshold_percent`); meanwhile folios
+    /// go to the swap file and the pool's coldest entries are written back there.
+    pub accept_threshold_percent: u8,
+    /// With a swap file, a folio that does not compress at least this much (original
+    /// size over compressed size) goes straight to the file instead of the pool.
+    pub min_compression_ratio: f64,
+    /// Order-0 swap slots a thread caches, allocated and returned in batches of this many
+    /// (the kernel's per-CPU swap slot cache); 0 turns the caches off.
+    pub slot_cache: usize,
 }
 
 fn serialize_display<T: fmt::Display, S: serde::Serializer>(v: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -177,6 +220,10 @@ impl Default for Config {
             fault_threads: 0,
             reclaim_threads: 0,
             lru: LruPolicy::Workingset,
+            swap_file: None,
+            accept_threshold_percent: 90,
+            min_compression_ratio: 1.0,
+            slot_cache: 64,
         }
     }
 }
@@ -193,6 +240,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FOLIOSWAP_FAULT_THREADS", "a thread count, 0 for one per CPU"),
     ("FOLIOSWAP_RECLAIM_THREADS", "a thread count, 0 for one per CPU"),
     ("FOLIOSWAP_LRU", LruPolicy::ACCEPTED),
+    ("FOLIOSWAP_SWAP_FILE", SwapFileSpec::ACCEPTED),
+    ("FOLIOSWAP_ACCEPT_THRESHOLD_PERCENT", "a percentage of max_pool from 0 to 100"),
+    ("FOLIOSWAP_MIN_COMPRESSION_RATIO", "a ratio from 1.0 to 100, like 1.5"),
+    ("FOLIOSWAP_SLOT_CACHE", "a slot count from 0 (no caches) to 4096"),
 ];
 
 fn accepted(var: &str) -> &'static str {
@@ -253,6 +304,10 @@ impl Config {
                 let lru = value.parse().map_err(|_| Error::config(var, value, LruPolicy::ACCEPTED))?;
                 self.lru(lru)
             }
+            "FOLIOSWAP_SWAP_FILE" => self.parse_swap_file(var, value)?,
+            "FOLIOSWAP_ACCEPT_THRESHOLD_PERCENT" => self.parse_accept_threshold(var, value)?,
+            "FOLIOSWAP_MIN_COMPRESSION_RATIO" => self.parse_min_ratio(var, value)?,
+            "FOLIOSWAP_SLOT_CACHE" => self.parse_slot_cache(var, value)?,
             _ => {
                 let known: Vec<&str> = ENV_VARS.iter().map(|(n, _)| *n).collect();
                 return Err(Error::config(var, value, format!("a known variable: {}", known.join(", "))));
@@ -286,6 +341,43 @@ impl Config {
 
     fn parse_compressor(mut self, var: &str, value: &str) -> Result<Config> {
         self.compressor = value.parse().map_err(|_| Error::config(var, value, Compressor::ACCEPTED))?;
+        Ok(self)
+    }
+
+    fn parse_swap_file(mut self, var: &str, value: &str) -> Result<Config> {
+        let spec = value.parse::<SwapFileSpec>().map_err(|e| Error::config(var, value, format!("{} ({e})", SwapFileSpec::ACCEPTED)))?;
+        self.swap_file = Some(spec);
+        Ok(self)
+    }
+
+    fn parse_accept_threshold(mut self, var: &str, value: &str) -> Result<Config> {
+        self.accept_threshold_percent = value
+            .trim()
+            .trim_end_matches('%')
+            .parse::<u8>()
+            .ok()
+            .filter(|&p| p <= 100)
+            .ok_or_else(|| Error::config(var, value, accepted("FOLIOSWAP_ACCEPT_THRESHOLD_PERCENT")))?;
+        Ok(self)
+    }
+
+    fn parse_min_ratio(mut self, var: &str, value: &str) -> Result<Config> {
+        self.min_compression_ratio = value
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|r| (1.0..=100.0).contains(r))
+            .ok_or_else(|| Error::config(var, value, accepted("FOLIOSWAP_MIN_COMPRESSION_RATIO")))?;
+        Ok(self)
+    }
+
+    fn parse_slot_cache(mut self, var: &str, value: &str) -> Result<Config> {
+        self.slot_cache = value
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n <= 4096)
+            .ok_or_else(|| Error::config(var, value, accepted("FOLIOSWAP_SLOT_CACHE")))?;
         Ok(self)
     }
 
@@ -335,6 +427,24 @@ impl Config {
         self.lru = policy;
         self
     }
+    /// A swap file behind the pool: `path` is a file to create or a directory to make an
+    /// unlinked one in; `size` like `"8G"`.
+    pub fn swap_file(self, path: impl Into<PathBuf>, size: &str) -> Result<Config> {
+        let path = path.into();
+        let value = format!("{}:{size}", path.display());
+        self.parse_swap_file("swap_file", &value)
+    }
+    /// `"90"`: percent of max_pool under which a full pool accepts folios again.
+    pub fn accept_threshold_percent(self, value: &str) -> Result<Config> {
+        self.parse_accept_threshold("accept_threshold_percent", value)
+    }
+    /// `"1.5"`: with a swap file, folios compressing less than this go to the file.
+    pub fn min_compression_ratio(self, value: &str) -> Result<Config> {
+        self.parse_min_ratio("min_compression_ratio", value)
+    }
+    pub fn slot_cache(self, slots: usize) -> Result<Config> {
+        self.parse_slot_cache("slot_cache", &slots.to_string())
+    }
 }
 
 #[cfg(test)]
@@ -358,6 +468,10 @@ mod tests {
             ("FOLIOSWAP_FAULT_THREADS", "3"),
             ("FOLIOSWAP_RECLAIM_THREADS", "0"),
             ("FOLIOSWAP_LRU", "fifo"),
+            ("FOLIOSWAP_SWAP_FILE", "/var/tmp/app.swap:8G"),
+            ("FOLIOSWAP_ACCEPT_THRESHOLD_PERCENT", "80"),
+            ("FOLIOSWAP_MIN_COMPRESSION_RATIO", "1.5"),
+            ("FOLIOSWAP_SLOT_CACHE", "0"),
             ("PATH", "/usr/bin"),
         ]))
         .unwrap();
@@ -369,6 +483,10 @@ mod tests {
         assert_eq!(c.fault_mode, FaultMode::Signal);
         assert_eq!(c.fault_threads, 3);
         assert_eq!(c.lru, LruPolicy::Fifo);
+        assert_eq!(c.swap_file, Some(SwapFileSpec { path: "/var/tmp/app.swap".into(), size: 8 << 30 }));
+        assert_eq!(c.accept_threshold_percent, 80);
+        assert_eq!(c.min_compression_ratio, 1.5);
+        assert_eq!(c.slot_cache, 0);
     }
 
     #[test]
@@ -384,6 +502,12 @@ mod tests {
             ("FOLIOSWAP_FAULT_MODE", "fast", "thread or signal"),
             ("FOLIOSWAP_FAULT_THREADS", "-1", "thread count"),
             ("FOLIOSWAP_LRU", "clock", "fifo or workingset"),
+            ("FOLIOSWAP_SWAP_FILE", "/var/tmp", "PATH:SIZE"),
+            ("FOLIOSWAP_SWAP_FILE", "/var/tmp:1M", "at least 2M"),
+            ("FOLIOSWAP_SWAP_FILE", ":8G", "path is empty"),
+            ("FOLIOSWAP_ACCEPT_THRESHOLD_PERCENT", "120", "percentage"),
+            ("FOLIOSWAP_MIN_COMPRESSION_RATIO", "0.5", "ratio"),
+            ("FOLIOSWAP_SLOT_CACHE", "lots", "slot count"),
             ("FOLIOSWAP_MEMORY_HGIH", "1G", "FOLIOSWAP_MEMORY_HIGH"),
         ] {
             let err = Config::from_vars(vars(&[(var, value)])).unwrap_err().to_string();

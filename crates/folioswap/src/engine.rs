@@ -17,7 +17,9 @@ use crate::size::{format_bytes, physical_memory, FolioSize, PAGE_SIZE};
 use crate::staging::{Staged, Staging};
 use crate::stats::{Counters, MemoryStat, Stats};
 use crate::uffd::{self, OpenError, Uffd};
-use crate::zswap::{PoolHandle, Zswap};
+use crate::swapfile::io::{SwapFile, SwapIo};
+use crate::swapfile::SwapDevice;
+use crate::zswap::Zswap;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,6 +38,10 @@ pub(crate) struct Shared {
     pub uffd: Uffd,
     pub staging: Staging,
     pub zswap: Zswap,
+    /// The pool's entries oldest first, for writeback to the swap file.
+    pub pool_lru: crate::page_io::PoolLru,
+    /// The swap file tier behind the pool, if configured.
+    pub swap: Option<SwapDevice>,
     pub memcg: MemCg,
     pub lru: Lru,
     pub reclaim: ReclaimCtl,
@@ -90,9 +96,23 @@ pub(crate) fn ncpu() -> usize {
 }
 
 impl Engine {
-    /// Start an engine: opens its userfaultfds and starts its reclaim threads (and fault
-    /// threads in thread mode).
+    /// Start an engine: opens its userfaultfds and its swap file (if configured), and
+    /// starts its reclaim threads (and fault threads in thread mode).
     pub fn new(config: Config) -> Result<Engine> {
+        let io: Option<Box<dyn SwapIo>> = match &config.swap_file {
+            Some(spec) => Some(Box::new(SwapFile::create(&spec.path, spec.size).map_err(Error::SwapFile)?)),
+            None => None,
+        };
+        Self::start(config, io)
+    }
+
+    /// Start an engine whose swap tier is `io` instead of the configured swap file: for
+    /// tests that inject faults (`swapfile::io::FaultInjector`) and for other backends.
+    pub fn with_swap_io(config: Config, io: Box<dyn SwapIo>) -> Result<Engine> {
+        Self::start(config, Some(io))
+    }
+
+    fn start(config: Config, io: Option<Box<dyn SwapIo>>) -> Result<Engine> {
         let mut features = uffd::FEATURE_MOVE
             | uffd::FEATURE_EVENT_REMOVE
             | uffd::FEATURE_EVENT_UNMAP
@@ -116,6 +136,8 @@ impl Engine {
             uffd,
             staging,
             zswap: Zswap::new(config.compressor, max_pool),
+            pool_lru: Default::default(),
+            swap: io.map(|io| SwapDevice::new(io, config.slot_cache)),
             memcg: MemCg::new(config.memory_high, config.charge_pool),
             lru: Lru::default(),
             reclaim: ReclaimCtl::default(),
@@ -244,7 +266,7 @@ impl Shared {
             managed_bytes: self.managed_bytes.load(Ordering::Relaxed),
             regions: self.regions.load(Ordering::Relaxed),
         };
-        Stats::collect(&self.counters, memory)
+        Stats::collect(&self.counters, memory, self.swap.as_ref().map(SwapDevice::stat))
     }
 
     /// Wake the fault/event threads (stop, deferred faults, events to apply).
@@ -299,10 +321,23 @@ impl Shared {
             format_bytes(fp),
             if self.memcg.charge_pool { " (charged)" } else { "" }
         );
-        if self.reclaim.pool_is_full() {
+        if let Some(dev) = self.swap.as_ref().filter(|dev| !dev.has_free_slots()) {
+            let stat = dev.stat();
+            format!(
+                "cannot keep memory_high={limit} ({usage}): the swap file has no room ({} of {} slots used, \
+                 {} bad) and the compressed pool cannot take the rest ({} of max_pool {}); use a larger \
+                 swap file, or raise max_pool or memory_high",
+                stat.slots_used,
+                stat.slots_total,
+                stat.slots_bad,
+                format_bytes(fp),
+                format_bytes(pool.cap())
+            )
+        } else if self.reclaim.pool_is_full() && self.swap.is_none() {
             format!(
                 "cannot keep memory_high={limit} ({usage}): the compressed pool is full ({} of max_pool {}) \
-                 and there is no swap file to write back to; raise max_pool or memory_high",
+                 and there is no swap file to write back to; configure one (FOLIOSWAP_SWAP_FILE), \
+                 or raise max_pool or memory_high",
                 format_bytes(fp),
                 format_bytes(pool.cap())
             )
@@ -324,10 +359,7 @@ impl Shared {
             // folio changed and releases both when it finishes.
             Kind::SwapCache if writeback => {}
             Kind::SwapCache => self.release_staged(Staged::from_raw(handle), folio, false),
-            Kind::Pool => {
-                self.zswap.free(PoolHandle::from_raw(handle));
-                self.reclaim.pool_folio_bytes.fetch_sub(bytes, Ordering::Relaxed);
-            }
+            Kind::Pool | Kind::Swapped => self.free_swapped(kind, handle, folio),
             Kind::Untouched | Kind::ZeroSwapped | Kind::Gone => {}
         }
     }
@@ -369,6 +401,13 @@ impl Shared {
                 e.unlock();
             }
             head += folio.pages();
+        }
+        // Evictions in flight release what they hold when they see the folio gone; wait
+        // for them so that everything is returned when the drop returns.
+        while table.evicting.load(Ordering::Acquire) > 0 {
+            if !self.reclaim.wait_for_progress() {
+                std::thread::yield_now();
+            }
         }
         self.managed_bytes.fetch_sub((table.pages * PAGE_SIZE) as u64, Ordering::Relaxed);
         self.regions.fetch_sub(1, Ordering::Relaxed);

@@ -19,6 +19,8 @@ pub enum Error {
     InvalidRegion(String),
     /// A system call the engine depends on failed.
     Sys { what: String, source: io::Error },
+    /// The configured swap file could not be set up.
+    SwapFile(crate::swapfile::io::SwapFileError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -72,6 +74,7 @@ impl fmt::Display for Error {
             ),
             Error::InvalidRegion(reason) => f.write_str(reason),
             Error::Sys { what, source } => write!(f, "{what}: {source}"),
+            Error::SwapFile(err) => write!(f, "swap file: {err}"),
         }
     }
 }
@@ -80,6 +83,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Sys { source, .. } => Some(source),
+            Error::SwapFile(err) => Some(err),
             _ => None,
         }
     }

@@ -24,9 +24,7 @@ use crate::region::FolioTable;
 use crate::size::{FolioSize, PAGE_SIZE};
 use crate::staging::Staged;
 use crate::uffd::Msg;
-use crate::zswap::PoolHandle;
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -274,8 +272,8 @@ impl Shared {
         let bytes = folio.bytes() as u64;
         // The folio's data in staging, for Pool and SwapCache folios.
         let staged = match s.kind() {
-            Kind::Pool => {
-                let handle = PoolHandle::from_raw(e.handle());
+            Kind::Pool | Kind::Swapped => {
+                let handle = e.handle();
                 self.reserve(bytes).map_err(ApplyError::Failed)?;
                 let (slot, from_reserve, huge) = self
                     .staging
@@ -284,15 +282,14 @@ impl Shared {
                 if from_reserve {
                     self.memcg.uncharge(Component::StagingFree, bytes);
                 }
-                // SAFETY: we own the slot, and the handle is live under the folio lock.
-                let loaded = unsafe { self.zswap.zswap_load(handle, self.staging.slice_mut(slot)) };
-                if let Err(msg) = loaded {
+                // SAFETY: we own the slot until we put it back, and nothing else maps it.
+                let dst = unsafe { self.staging.slice_mut(slot) };
+                if let Err(msg) = self.load_swapped(s.kind(), handle, dst) {
                     self.staging.put_filled(slot, huge, &self.memcg);
                     self.memcg.uncharge(Component::Resident, bytes);
-                    return Err(ApplyError::Failed(format!("pool entry is corrupt: {msg}")));
+                    return Err(ApplyError::Failed(format!("splitting a swapped-out folio: {msg}")));
                 }
-                self.zswap.free(handle);
-                self.reclaim.pool_folio_bytes.fetch_sub(bytes, Ordering::Relaxed);
+                self.free_swapped(s.kind(), handle, folio);
                 // Charged as resident from here; pages not kept are uncharged below.
                 Some((Staged { slot, page: 0 }, false))
             }
@@ -312,10 +309,10 @@ impl Shared {
         let page_kind = |a: Action| match (a, was) {
             (Action::Gone, _) => Kind::Gone,
             (Action::Zero, _) => Kind::Untouched,
-            (Action::Keep, Kind::Pool | Kind::SwapCache | Kind::Resident) => Kind::Resident,
+            (Action::Keep, Kind::Pool | Kind::Swapped | Kind::SwapCache | Kind::Resident) => Kind::Resident,
             (Action::Keep, other) => other,
         };
-        if matches!(was, Kind::Resident | Kind::Pool | Kind::SwapCache) {
+        if matches!(was, Kind::Resident | Kind::Pool | Kind::Swapped | Kind::SwapCache) {
             let keep = actions.iter().filter(|&&a| a == Action::Keep).count();
             let dropped = (folio.pages() - keep) * PAGE_SIZE;
             self.memcg.uncharge(Component::Resident, dropped as u64);

@@ -20,7 +20,6 @@ use crate::region::FolioTable;
 use crate::size::{FolioSize, PAGE_SIZE};
 use crate::staging::{Slot, Staged};
 use crate::uffd::Msg;
-use crate::zswap::PoolHandle;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -129,7 +128,7 @@ impl Shared {
                 return Step::Retry;
             }
             Kind::SwapCache => self.fault_swapcache(table, target, folio, s),
-            Kind::Pool => self.fault_pool(table, target, folio, s),
+            Kind::Pool | Kind::Swapped => self.fault_swapin(table, target, folio, s),
             Kind::Gone => Step::NotOurs,
         };
         e.unlock();
@@ -290,14 +289,16 @@ impl Shared {
         }
     }
 
-    /// A pool entry: decompress into a staging folio, move it in, free the entry.
-    fn fault_pool(&self, table: &Arc<FolioTable>, target: usize, folio: FolioSize, s: State) -> Step {
+    /// A pool entry or a folio on the swap file: decompress or read it into a staging
+    /// folio, install it, free the entry or the slots. A load that fails (corrupt entry,
+    /// read error, checksum mismatch) fails the fault and keeps the data where it was.
+    fn fault_swapin(&self, table: &Arc<FolioTable>, target: usize, folio: FolioSize, s: State) -> Step {
         let bytes = folio.bytes() as u64;
         if let Err(msg) = self.reserve(bytes) {
             return Step::Fail(msg);
         }
         let e = table.entry(target);
-        let handle = PoolHandle::from_raw(e.handle());
+        let handle = e.handle();
         let (slot, from_reserve, huge) = match self.staging.take_filled(folio.order()) {
             Ok(t) => t,
             Err(err) => {
@@ -313,25 +314,20 @@ impl Shared {
         }
         // SAFETY: we own the slot until we put it back, and nothing else maps it.
         let dst = unsafe { self.staging.slice_mut(slot) };
-        // SAFETY: the handle is live: the folio is Pool and we hold its lock.
-        if let Err(msg) = unsafe { self.zswap.zswap_load(handle, dst) } {
+        if let Err(msg) = self.load_swapped(s.kind(), handle, dst) {
             self.staging.put_filled(slot, huge, &self.memcg);
             self.memcg.uncharge(Component::Resident, bytes);
-            return Step::Fail(format!("pool entry of the folio at page {target} is corrupt: {msg}"));
+            return Step::Fail(format!("the {folio} folio at page {target} of its region cannot be swapped in: {msg}"));
         }
         match self.install_slot(table, target, folio, slot) {
             Ok(how) => {
-                self.zswap.free(handle);
-                self.reclaim.pool_folio_bytes.fetch_sub(bytes, Ordering::Relaxed);
+                self.free_swapped(s.kind(), handle, folio);
                 self.release_after_install(slot, how, huge);
                 let huge = huge && folio.is_huge();
                 self.now_resident(table, target, folio, s, huge, true);
-                let sc = self.counters.size(folio);
-                self.counters.vm.pgmajfault.inc();
-                self.counters.vm.zswpin.add(folio.pages() as u64);
-                sc.zswpin.inc();
+                self.count_swapin(s.kind(), folio);
                 if folio.is_huge() && !huge {
-                    sc.swpin_fallback.inc();
+                    self.counters.size(folio).swpin_fallback.inc();
                 }
                 self.readahead_after_swapin(table, target, folio);
                 Step::Done(folio)

@@ -18,7 +18,15 @@
 //!       │  │   │                      └─────────────── fault ───────── ZeroSwapped (all-zero
 //!       │  └── REMOVE (DONTNEED) of any state                           folio, no data kept)
 //!       └───── (UNMAP of any state goes to Gone instead)
+//!
+//!   With a swap file (`page_io.rs`):
+//!   SwapCache ── pool refuses / full / compresses poorly: written to the file ──▶ Swapped
+//!   Pool ─────── writeback of the pool's coldest entries (zswpwb) ─────────────▶ Swapped
+//!   Swapped ──── fault: read into staging, checksum verified, MOVE/COPY in ────▶ Resident
 //! ```
+//!
+//! A large folio that finds no contiguous run of slots is written as 4 KiB pieces and
+//! split (`swpout_fallback`), so a Swapped entry always covers one aligned run of slots.
 //!
 //! The word also carries flags:
 //! - `LOCKED`/`WAITERS`: a sleeping lock (futex on this word). Whoever changes the state
@@ -39,7 +47,8 @@
 //! refault can tell how far back it left (the kernel's workingset shadow entry).
 //!
 //! The handle word says where the data is: a staging slot for SwapCache, a pool handle
-//! for Pool; it is read and written only under the lock.
+//! for Pool, a swap slot and checksum for Swapped; it is read and written only under the
+//! lock.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -59,6 +68,8 @@ pub(crate) enum Kind {
     ZeroSwapped = 4,
     /// Unmapped by the application: never touched again.
     Gone = 5,
+    /// On the swap file: the handle holds the first slot and the data's checksum.
+    Swapped = 6,
 }
 
 const KIND_MASK: u32 = 0x7;
@@ -87,6 +98,7 @@ impl State {
             2 => Kind::SwapCache,
             3 => Kind::Pool,
             4 => Kind::ZeroSwapped,
+            6 => Kind::Swapped,
             _ => Kind::Gone,
         }
     }
@@ -305,7 +317,7 @@ mod tests {
         /// Any sequence of locked transitions keeps the concurrent flags others set, never
         /// leaks the lock bit, and round-trips kind and generation.
         #[test]
-        fn transitions_preserve_concurrent_flags(ops in prop::collection::vec((0u32..6, any::<bool>(), any::<bool>(), any::<bool>()), 1..64)) {
+        fn transitions_preserve_concurrent_flags(ops in prop::collection::vec((0u32..7, any::<bool>(), any::<bool>(), any::<bool>()), 1..64)) {
             let e = entry();
             let mut model_gen: u16 = 0;
             for (kind, set_pending, split, bump) in ops {

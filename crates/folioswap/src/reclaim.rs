@@ -32,8 +32,9 @@ use crate::memcg::Component;
 use crate::region::FolioTable;
 use crate::size::{FolioSize, HUGE_SIZE, PAGE_SIZE};
 use crate::folio::State;
+use crate::page_io::{Placed, SwapOutError};
 use crate::staging::{Slot, Staged};
-use crate::zswap::{CodecScratch, StoreError, Stored};
+use crate::zswap::CodecScratch;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -138,6 +139,16 @@ impl ReclaimCtl {
     pub fn pool_is_full(&self) -> bool {
         self.pool_full.load(Ordering::Relaxed)
     }
+    /// A store found the pool full: stop offering it folios until it has room again, and
+    /// wake a reclaimer to write its oldest entries back (with a swap file).
+    pub fn set_pool_full(&self) {
+        if !self.pool_full.swap(true, Ordering::Relaxed) {
+            self.wake_one();
+        }
+    }
+    pub fn clear_pool_full(&self) {
+        self.pool_full.store(false, Ordering::Relaxed);
+    }
     /// Wait for a compression in flight to finish. False if none is in flight.
     pub fn wait_for_progress(&self) -> bool {
         let guard = self.progress.lock().unwrap();
@@ -159,7 +170,8 @@ pub(crate) enum Reclaimed {
     Busy,
     /// Nothing resident to evict.
     Nothing,
-    /// The pool is full and there is nowhere else to put folios.
+    /// The pool is full and there is nowhere else to put folios (no swap file, or a full
+    /// or failing one).
     PoolFull,
 }
 
@@ -173,9 +185,16 @@ thread_local! {
 }
 
 /// A background reclaimer: sleeps under the high watermark, evicts down to the low one.
+/// With a swap file it is also zswap's shrink worker: it writes the pool's oldest entries
+/// back while the pool is over its accept threshold.
 pub(crate) fn kswapd(shared: Arc<Shared>) {
     let mut scratch = CodecScratch::new();
     while !shared.stop.load(Ordering::Acquire) {
+        while !shared.stop.load(Ordering::Acquire) && shared.needs_writeback() {
+            if !shared.writeback_one() {
+                break;
+            }
+        }
         if !shared.memcg.above_high(shared.zswap.pool.footprint_bytes()) {
             shared.reclaim.sleep(Duration::from_millis(200));
             continue;
@@ -185,6 +204,9 @@ pub(crate) fn kswapd(shared: Arc<Shared>) {
                 Reclaimed::Freed => {}
                 Reclaimed::Busy => std::thread::yield_now(),
                 Reclaimed::Nothing | Reclaimed::PoolFull => {
+                    if shared.writeback_one() {
+                        continue;
+                    }
                     shared.reclaim.sleep(Duration::from_millis(10));
                     break;
                 }
@@ -207,20 +229,9 @@ impl Shared {
                 std::thread::sleep(Duration::from_micros(200));
                 true
             }
-            Reclaimed::Nothing | Reclaimed::PoolFull => false,
+            // With charge_pool the pool itself may be what is over the limit.
+            Reclaimed::Nothing | Reclaimed::PoolFull => self.writeback_one(),
         }
-    }
-
-    fn pool_has_room(&self, bytes: u64) -> bool {
-        let pool = &self.zswap.pool;
-        if !self.reclaim.pool_full.load(Ordering::Relaxed) {
-            return true;
-        }
-        if pool.footprint_bytes() + bytes <= pool.cap() {
-            self.reclaim.pool_full.store(false, Ordering::Relaxed);
-            return true;
-        }
-        false
     }
 
     /// Take the coldest evictable folio off the LRU, locked.
@@ -263,7 +274,7 @@ impl Shared {
             Err(r) => return r,
         };
         let folio = FolioSize::from_order(victim.order as u32).expect("valid order");
-        if !self.pool_has_room(folio.bytes() as u64 / 2) {
+        if !self.can_swap_out(folio.bytes() as u64 / 2) {
             victim.table.entry(victim.page).unlock();
             self.lru.push_entry(victim);
             return Reclaimed::PoolFull;
@@ -292,6 +303,7 @@ impl Shared {
         let pages = folio.pages();
         let clock = self.reclaim.evict_clock.fetch_add((run.len() * pages) as u32, Ordering::Relaxed);
         self.reclaim.inflight.fetch_add(run.len() as u64, Ordering::AcqRel);
+        table.evicting.fetch_add(run.len(), Ordering::AcqRel);
         let mut members = Vec::with_capacity(run.len());
         for (i, (v, s)) in run.into_iter().enumerate() {
             let e = v.table.entry(v.page);
@@ -313,6 +325,7 @@ impl Shared {
                 _ => {}
             }
             self.reclaim.inflight.fetch_sub(1, Ordering::AcqRel);
+            table.evicting.fetch_sub(1, Ordering::AcqRel);
             self.reclaim.notify_progress();
         }
         outcome
@@ -411,31 +424,36 @@ impl Shared {
         }
     }
 
-    /// Compress a staged folio: whole, or (split mode) as independent 4 KiB pages.
-    fn compress_evicted(&self, at: Staged, folio: FolioSize, scratch: &mut CodecScratch) -> Result<Vec<Stored>, StoreError> {
+    /// Store a staged folio (pool or swap file): whole, or (split mode) as independent
+    /// 4 KiB pages.
+    fn compress_evicted(&self, at: Staged, folio: FolioSize, scratch: &mut CodecScratch) -> Result<Vec<Placed>, SwapOutError> {
         // SAFETY: the folio is SwapCache+WRITEBACK with this staged copy: nothing moves its
         // pages away or writes them until finish_eviction takes the lock again.
         let data: &[u8] = unsafe { self.staging.staged_slice(at, folio.bytes()) };
         if !(self.config.split_swap && folio.order() > 0) {
-            return self.zswap.zswap_store(data, scratch).map(|s| vec![s]);
+            return self.swap_out(data, folio, scratch);
         }
-        let mut stored = Vec::with_capacity(folio.pages());
+        let mut placed = Vec::with_capacity(folio.pages());
         for page in data.chunks(PAGE_SIZE) {
-            match self.zswap.zswap_store(page, scratch) {
-                Ok(s) => stored.push(s),
+            match self.swap_out(page, FolioSize::K4, scratch) {
+                Ok(p) => placed.extend(p),
                 Err(err) => {
-                    self.free_stored(&stored);
+                    self.free_placed(&placed, FolioSize::K4);
                     return Err(err);
                 }
             }
         }
-        Ok(stored)
+        Ok(placed)
     }
 
-    fn free_stored(&self, stored: &[Stored]) {
-        for s in stored {
-            if let Stored::Entry { handle, .. } = s {
-                self.zswap.free(*handle);
+    /// Release what a swap-out stored but did not publish (several entries are 4 KiB pieces).
+    fn free_placed(&self, placed: &[Placed], folio: FolioSize) {
+        let size = if placed.len() > 1 { FolioSize::K4 } else { folio };
+        for p in placed {
+            match *p {
+                Placed::Zero => {}
+                Placed::Pool { handle, .. } => self.zswap.free(handle),
+                Placed::File(h) => self.swap.as_ref().expect("placed on a swap file").free(h.slot, size.order()),
             }
         }
     }
@@ -447,109 +465,67 @@ impl Shared {
         folio: FolioSize,
         at: Staged,
         huge: bool,
-        result: Result<Vec<Stored>, StoreError>,
+        result: Result<Vec<Placed>, SwapOutError>,
         direct: bool,
     ) -> Reclaimed {
         let table = &victim.table;
         let head = victim.page;
         let e = table.entry(head);
-        let bytes = folio.bytes() as u64;
         let s = e.lock();
         let ours = s.kind() == Kind::SwapCache && s.has(WRITEBACK) && e.handle() == at.to_raw();
         if !ours {
             // Discarded (REMOVE/UNMAP/drop) while we compressed: the staged copy and its
             // charge are ours to release.
             e.unlock();
-            if let Ok(stored) = &result {
-                self.free_stored(stored);
+            if let Ok(placed) = &result {
+                self.free_placed(placed, folio);
             }
             self.release_staged(at, folio, huge);
             return Reclaimed::Freed;
         }
         if s.has(WANTED) {
-            if let Ok(stored) = &result {
-                self.free_stored(stored);
+            if let Ok(placed) = &result {
+                self.free_placed(placed, folio);
             }
             e.set_locked(s.with(WRITEBACK, false));
             e.clear_locked(WANTED);
             e.unlock();
             return Reclaimed::Busy;
         }
-        let stored = match result {
-            Ok(stored) => stored,
-            Err(StoreError::Full) => {
-                self.counters.vm.zswap_pool_limit_hit.inc();
-                self.reclaim.pool_full.store(true, Ordering::Relaxed);
+        let placed = match result {
+            Ok(placed) => placed,
+            Err(_) => {
+                // Nowhere to put it (the reason is counted where it was found).
                 self.put_back(table, head, folio, at, huge);
                 e.unlock();
                 return Reclaimed::PoolFull;
             }
         };
+        self.publish_placed(table, head, folio, s, &placed);
         let vm = &self.counters.vm;
-        if stored.len() == 1 {
-            let next = match stored[0] {
-                Stored::Zero => {
-                    vm.zswap_same_filled.inc();
-                    e.set_handle(0);
-                    s.with_kind(Kind::ZeroSwapped)
-                }
-                Stored::Entry { handle, compressed_len } => {
-                    if compressed_len == folio.bytes() {
-                        vm.zswap_stored_raw.inc();
-                    }
-                    self.reclaim.pool_folio_bytes.fetch_add(bytes, Ordering::Relaxed);
-                    e.set_handle(handle.to_raw());
-                    s.with_kind(Kind::Pool)
-                }
-            };
-            e.set_locked(next.with(WRITEBACK, false).with(HUGE, false));
-            self.counters.size(folio).zswpout.inc();
-        } else {
-            self.publish_split(table, head, folio, &stored);
-        }
-        vm.zswpout.add(folio.pages() as u64);
         if direct {
             vm.pgsteal_direct.add(folio.pages() as u64);
         } else {
             vm.pgsteal_kswapd.add(folio.pages() as u64);
         }
-        if e.load().has(PENDING) {
-            // After a split-mode publish the head is an order-0 page like the others.
-            let size = if e.load().has(SPLIT) { FolioSize::K4 } else { folio };
-            if let Err(crate::events::ApplyError::Failed(msg)) = self.apply_pending_locked(table, head, size) {
-                eprintln!("folioswap: applying an event after eviction: {msg}");
-            }
-        }
+        self.apply_pending_after_publish(table, head, folio);
         e.unlock();
         self.release_staged(at, folio, huge);
         Reclaimed::Freed
     }
 
-    /// Split mode: the folio went out as 4 KiB pages; each page becomes an order-0 folio.
-    /// Done under the gate so that no event is marked against the unsplit folio meanwhile.
-    fn publish_split(&self, table: &FolioTable, head: usize, folio: FolioSize, stored: &[Stored]) {
+    /// The folio went out as 4 KiB pages (split mode, or no contiguous run on the swap
+    /// file): each page becomes an order-0 folio with its own entry. Done under the gate so
+    /// that no event is marked against the unsplit folio meanwhile.
+    pub(crate) fn publish_split(&self, table: &Arc<FolioTable>, head: usize, folio: FolioSize, placed: &[Placed]) {
         let _gate = self.gate.read().unwrap();
         let e = table.entry(head);
         let pending = e.load().has(PENDING);
-        let vm = &self.counters.vm;
-        let k4 = self.counters.size(FolioSize::K4);
         let clock = e.evicted_at();
-        for (i, st) in stored.iter().enumerate() {
+        for (i, &p) in placed.iter().enumerate() {
             let pe = table.entry(head + i);
             let ps = if i == 0 { pe.load() } else { pe.lock() };
-            let kind = match st {
-                Stored::Zero => {
-                    vm.zswap_same_filled.inc();
-                    pe.set_handle(0);
-                    Kind::ZeroSwapped
-                }
-                Stored::Entry { handle, .. } => {
-                    self.reclaim.pool_folio_bytes.fetch_add(PAGE_SIZE as u64, Ordering::Relaxed);
-                    pe.set_handle(handle.to_raw());
-                    Kind::Pool
-                }
-            };
-            k4.zswpout.inc();
+            let kind = self.record_placed(table, head + i, FolioSize::K4, ps.gen(), p);
             pe.set_evicted_at(clock.wrapping_add(i as u32));
             pe.set_locked(ps.with_kind(kind).with(WRITEBACK, false).with(HUGE, false));
             if pending {
@@ -564,8 +540,8 @@ impl Shared {
         sc.split.inc();
         sc.swpout_fallback.inc();
         if folio.is_huge() {
-            vm.thp_swpout_fallback.inc();
-            vm.thp_split_page.inc();
+            self.counters.vm.thp_swpout_fallback.inc();
+            self.counters.vm.thp_split_page.inc();
         }
     }
 

@@ -14,7 +14,7 @@
 use crate::folio::PageEntry;
 use crate::size::{FolioSize, PAGE_SIZE};
 use std::collections::BTreeMap;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, RwLock};
 
 /// Per-region policy.
@@ -86,6 +86,9 @@ pub(crate) struct FolioTable {
     pub pieces: RwLock<Vec<Piece>>,
     /// Set when the region is dropped: LRU entries of a dead table are skipped.
     pub dead: AtomicBool,
+    /// Folios of this table that an eviction moved out and has not yet published (or
+    /// dropped): dropping the region waits for them, so that it returns everything.
+    pub evicting: AtomicUsize,
 }
 
 // SAFETY: `entries` points to a mapping owned by the table for its whole life; every
@@ -109,6 +112,7 @@ impl FolioTable {
             entries: entries as *mut PageEntry,
             pieces: RwLock::new(vec![Piece { page: 0, pages, addr }]),
             dead: AtomicBool::new(false),
+            evicting: AtomicUsize::new(0),
         })
     }
 

@@ -8,6 +8,7 @@
 //! counters count folios of that size, as the mTHP stats do.
 
 use crate::size::FolioSize;
+pub use crate::swapfile::io::SwapIoStats;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -160,7 +161,7 @@ counter_struct!(
         pgfault,
         /// Faults that needed decompression or I/O.
         pgmajfault,
-        /// Pages read from the swap file (the file tier comes later: 0 until then).
+        /// Pages read from the swap file.
         pswpin,
         /// Pages written to the swap file.
         pswpout,
@@ -194,6 +195,14 @@ counter_struct!(
         zswap_same_filled,
         /// Folios the pool stored raw because they did not compress.
         zswap_stored_raw,
+        /// Folios sent to the swap file instead of the pool because they compressed less
+        /// than `min_compression_ratio`.
+        zswap_reject_compress_poor,
+        /// Swap file writes that failed (their slots are marked bad, the folio stays put),
+        /// reads that failed, and reads whose data failed its checksum (both fail the fault).
+        swap_write_error,
+        swap_read_error,
+        swap_checksum_error,
         /// userfaultfd events handled.
         uffd_remove,
         uffd_unmap,
@@ -268,12 +277,30 @@ pub struct MemoryStat {
     pub regions: u64,
 }
 
+/// The swap file: its slots and its I/O.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SwapStat {
+    pub slots_total: u64,
+    pub slots_used: u64,
+    pub slots_free: u64,
+    /// Slots whose write failed: never used again.
+    pub slots_bad: u64,
+    /// Of the used slots, those sitting free in threads' slot caches (returned in batches).
+    pub slots_cached: u64,
+    /// Whether the file is read and written with O_DIRECT (else through the page cache).
+    pub direct_io: bool,
+    pub io: SwapIoStats,
+}
+
 /// A snapshot of everything `Engine::stats()` reports.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Stats {
     #[serde(flatten)]
     pub vm: VmStat,
     pub memory: MemoryStat,
+    /// The swap file tier, if the engine has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub swap: Option<SwapStat>,
     /// Per folio size, keyed by the kernel's spelling (`2048kB`); sizes with no activity omitted.
     pub per_size: BTreeMap<String, SizeStat>,
     /// Fault-service latency per folio size and overall ("all").
@@ -281,7 +308,7 @@ pub struct Stats {
 }
 
 impl Stats {
-    pub(crate) fn collect(counters: &Counters, memory: MemoryStat) -> Stats {
+    pub(crate) fn collect(counters: &Counters, memory: MemoryStat, swap: Option<SwapStat>) -> Stats {
         let mut per_size = BTreeMap::new();
         let mut fault_latency = BTreeMap::new();
         let mut all = vec![0u64; BUCKETS];
@@ -300,7 +327,7 @@ impl Stats {
         if let Some(lat) = Latency::from_counts(&all, sum, max) {
             fault_latency.insert("all".to_string(), lat);
         }
-        Stats { vm: counters.vm.snapshot(), memory, per_size, fault_latency }
+        Stats { vm: counters.vm.snapshot(), memory, swap, per_size, fault_latency }
     }
 
     /// Per-size counters of one folio size (zeros if it saw no activity).

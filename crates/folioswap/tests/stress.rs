@@ -11,6 +11,10 @@
 //! with small probability discard (MADV_DONTNEED) or unmap random page ranges, which cut
 //! large folios. At the end every live cell of every region is checked.
 //!
+//! With a swap file the pool is capped at 256 KiB and takes only folios that compress 8×,
+//! so most evicted data goes through the file: written straight there, or written back
+//! from the full pool.
+//!
 //! FOLIOSWAP_STRESS_OPS sets the operations per thread (default 12000).
 
 use folioswap::{Config, Engine, FaultMode, FolioSize, Region, RegionOptions};
@@ -135,17 +139,22 @@ fn cut_range(t: &Tracked, rng: &mut Rng, unmap: bool) {
     }
 }
 
-fn stress(mode: FaultMode, compressor: &str, split: bool) {
+fn stress(mode: FaultMode, compressor: &str, split: bool, swap_file: bool) {
     let ops: usize = std::env::var("FOLIOSWAP_STRESS_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(12_000);
-    let config = Config::default()
+    let mut config = Config::default()
         .memory_high("32M")
         .unwrap()
-        .max_pool("256M")
+        .max_pool(if swap_file { "256K" } else { "256M" })
         .unwrap()
         .compressor(compressor)
         .unwrap()
         .fault_mode(mode)
         .split_swap(split);
+    if swap_file {
+        // Folios that compress less than 8× (most with written cells) go straight to the
+        // file; the sparse rest fills the 256K pool, which then writes back.
+        config = config.swap_file("/var/tmp", "512M").unwrap().min_compression_ratio("8").unwrap();
+    }
     let engine = Engine::new(config).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
     let regions: Arc<Vec<Tracked>> = Arc::new(
         FolioSize::ALL
@@ -230,9 +239,13 @@ fn stress(mode: FaultMode, compressor: &str, split: bool) {
     }
     let stats = engine.stats();
     eprintln!(
-        "{mode:?}/{compressor}/split={split}: {checked} cells checked; zswpout {} zswpin {} uffd_remove {} uffd_unmap {} split {} fault_raced {} same_filled {} raw {}",
+        "{mode:?}/{compressor}/split={split}/swap_file={swap_file}: {checked} cells checked; zswpout {} zswpin {} pswpout {} pswpin {} zswpwb {} fallback {} uffd_remove {} uffd_unmap {} split {} fault_raced {} same_filled {} raw {}",
         stats.vm.zswpout,
         stats.vm.zswpin,
+        stats.vm.pswpout,
+        stats.vm.pswpin,
+        stats.vm.zswpwb,
+        stats.per_size.values().map(|s| s.swpout_fallback).sum::<u64>(),
         stats.vm.uffd_remove,
         stats.vm.uffd_unmap,
         stats.vm.thp_split_page + stats.per_size.values().map(|s| s.split).sum::<u64>(),
@@ -243,24 +256,42 @@ fn stress(mode: FaultMode, compressor: &str, split: bool) {
     assert!(failures.is_empty(), "{} failures, first: {}", failures.len(), failures[0]);
     assert!(stats.vm.zswpout > 0 && stats.vm.zswpin > 0, "the test must swap: {:?}", stats.vm);
     assert!(stats.vm.uffd_remove > 0 && stats.vm.uffd_unmap > 0, "the test must discard and unmap");
+    if swap_file {
+        assert!(stats.vm.pswpout > 0 && stats.vm.pswpin > 0, "the test must use the swap file: {:?}", stats.vm);
+        assert!(stats.vm.zswpwb > 0, "the full pool must write back: {:?}", stats.vm);
+    }
     assert!(stats.memory.charged_bytes <= 32 << 20, "over memory_high: {:?}", stats.memory);
     drop(regions);
     let after = engine.stats();
     assert_eq!(after.memory.resident_bytes + after.memory.swapcache_bytes, 0, "{:?}", after.memory);
     assert_eq!(after.memory.pool_entries, 0, "{:?}", after.memory);
+    if let Some(swap) = after.swap {
+        assert_eq!(swap.slots_used, swap.slots_cached, "every slot is free or in a thread's cache: {swap:?}");
+        assert_eq!(swap.slots_bad, 0, "{swap:?}");
+    }
 }
 
 #[test]
 fn stress_thread_mode_lz4() {
-    stress(FaultMode::Thread, "lz4", false);
+    stress(FaultMode::Thread, "lz4", false, false);
 }
 
 #[test]
 fn stress_signal_mode_zstd() {
-    stress(FaultMode::Signal, "zstd", false);
+    stress(FaultMode::Signal, "zstd", false, false);
 }
 
 #[test]
 fn stress_thread_mode_split_swap_uncompressed() {
-    stress(FaultMode::Thread, "none", true);
+    stress(FaultMode::Thread, "none", true, false);
+}
+
+#[test]
+fn stress_swap_file_thread_mode_lz4() {
+    stress(FaultMode::Thread, "lz4", false, true);
+}
+
+#[test]
+fn stress_swap_file_signal_mode_split_swap() {
+    stress(FaultMode::Signal, "lz4", true, true);
 }

@@ -10,3 +10,121 @@
 
 pub mod cluster;
 pub mod io;
+
+use crate::stats::SwapStat;
+use cluster::{SlotCache, SwapMap};
+use io::SwapIo;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// This thread's order-0 slot caches, one per swap device it has used (a process can
+    /// run several engines). A cache holds its map alive; caches of devices that are gone
+    /// are dropped (and their slots returned) the next time this thread allocates.
+    static SLOT_CACHES: RefCell<Vec<(u64, CountedCache)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A thread's slot cache, with its share of the device's count of cached slots: a cache
+/// that goes away (its thread exits, or its device is gone) returns its slots and takes
+/// them off the count.
+struct CountedCache {
+    cache: SlotCache,
+    cached: Arc<AtomicU64>,
+}
+
+impl CountedCache {
+    fn held(&self) -> u64 {
+        (self.cache.ready_slots() + self.cache.returned_slots()) as u64
+    }
+}
+
+impl Drop for CountedCache {
+    fn drop(&mut self) {
+        self.cached.fetch_sub(self.held(), Ordering::Relaxed);
+        // The SlotCache field drops next and returns the slots to its map.
+    }
+}
+
+/// An engine's swap tier: the slot allocator over the file and the file's I/O.
+pub(crate) struct SwapDevice {
+    id: u64,
+    pub map: Arc<SwapMap>,
+    pub io: Box<dyn SwapIo>,
+    /// Slots per thread cache (0: no caches).
+    cache_batch: usize,
+    /// Free slots sitting in threads' caches (counted as used by the map).
+    cached: Arc<AtomicU64>,
+}
+
+impl SwapDevice {
+    pub fn new(io: Box<dyn SwapIo>, cache_batch: usize) -> SwapDevice {
+        let map = Arc::new(SwapMap::new(io.slots()));
+        SwapDevice { id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed), map, io, cache_batch, cached: Arc::new(AtomicU64::new(0)) }
+    }
+
+    /// Run `f` on this thread's slot cache for this device.
+    fn with_cache<R>(&self, f: impl FnOnce(&mut SlotCache) -> R) -> R {
+        SLOT_CACHES.with(|caches| {
+            let mut caches = caches.borrow_mut();
+            let i = match caches.iter().position(|(id, _)| *id == self.id) {
+                Some(i) => i,
+                None => {
+                    // Caches whose device is gone (theirs is the last reference to the
+                    // map) are dropped, returning their slots to their own maps.
+                    caches.retain(|(_, c)| Arc::strong_count(c.cache.map()) > 1);
+                    let cache = SlotCache::with_batch(self.map.clone(), self.cache_batch);
+                    caches.push((self.id, CountedCache { cache, cached: self.cached.clone() }));
+                    caches.len() - 1
+                }
+            };
+            let counted = &mut caches[i].1;
+            let before = counted.held();
+            let r = f(&mut counted.cache);
+            let after = counted.held();
+            // Relaxed add then sub can dip below zero transiently across threads; wrapping
+            // arithmetic keeps the sum right.
+            self.cached.fetch_add(after.wrapping_sub(before), Ordering::Relaxed);
+            r
+        })
+    }
+
+    /// An aligned run of `1 << order` free slots; order-0 slots come from the thread's cache.
+    pub fn alloc(&self, order: u32) -> Option<u64> {
+        if order == 0 && self.cache_batch > 0 {
+            return self.with_cache(|cache| cache.alloc());
+        }
+        self.map.alloc(order)
+    }
+
+    /// Return a run; order-0 slots go to the thread's cache, which gives them back in batches.
+    pub fn free(&self, slot: u64, order: u32) {
+        if order == 0 && self.cache_batch > 0 {
+            return self.with_cache(|cache| cache.free(slot));
+        }
+        self.map.free(slot, order)
+    }
+
+    /// A run whose write failed: never handed out again.
+    pub fn mark_bad(&self, slot: u64, order: u32) {
+        self.map.mark_bad(slot, order)
+    }
+
+    pub fn has_free_slots(&self) -> bool {
+        self.map.free_slots() > 0
+    }
+
+    pub fn stat(&self) -> SwapStat {
+        SwapStat {
+            slots_total: self.map.total_slots(),
+            slots_used: self.map.used_slots(),
+            slots_free: self.map.free_slots(),
+            slots_bad: self.map.bad_slots(),
+            slots_cached: self.cached.load(Ordering::Relaxed),
+            direct_io: self.io.is_direct(),
+            io: self.io.stats(),
+        }
+    }
+}

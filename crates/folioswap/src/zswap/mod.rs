@@ -20,7 +20,11 @@ use crate::config::Compressor;
 /// Why a folio was not stored.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum StoreError {
+    /// The pool is at its cap.
     Full,
+    /// The folio did not compress as much as the caller asked (zswap's
+    /// `reject_compress_poor`): it belongs on the swap file.
+    CompressPoor,
 }
 
 /// The result of trying to store one folio.
@@ -49,21 +53,27 @@ impl Zswap {
         Zswap { pool: ZPool::new(cap), codec: Codec::new(compressor) }
     }
 
-    /// Compress `folio` and store it whole.
-    pub fn zswap_store(&self, folio: &[u8], scratch: &mut CodecScratch) -> Result<Stored, StoreError> {
+    /// Compress `folio` and store it whole. With `min_ratio` (there is a swap file to send
+    /// it to instead), a folio that does not shrink by that ratio is refused; without, it
+    /// is stored raw.
+    pub fn zswap_store(&self, folio: &[u8], scratch: &mut CodecScratch, min_ratio: Option<f64>) -> Result<Stored, StoreError> {
         if is_zero(folio) {
             return Ok(Stored::Zero);
         }
-        let object: &[u8] = match self.codec.compress(folio, scratch) {
-            Some(len) if len < folio.len() => &scratch.out[..len],
+        let compressed = self.codec.compress(folio, scratch).filter(|&len| len < folio.len());
+        if let Some(min) = min_ratio {
+            if !matches!(compressed, Some(len) if folio.len() as f64 >= min * len as f64) {
+                return Err(StoreError::CompressPoor);
+            }
+        }
+        let object: &[u8] = match compressed {
+            Some(len) => &scratch.out[..len],
             // Incompressible: store it as it is.
-            _ => folio,
+            None => folio,
         };
         match self.pool.store(object) {
             Ok(handle) => Ok(Stored::Entry { handle, compressed_len: object.len() }),
-            Err(PoolError::Full { .. }) | Err(PoolError::OutOfMemory { .. }) | Err(PoolError::TooLarge { .. }) => {
-                Err(StoreError::Full)
-            }
+            Err(PoolError::Full { .. }) | Err(PoolError::OutOfMemory { .. }) | Err(PoolError::TooLarge { .. }) => Err(StoreError::Full),
         }
     }
 

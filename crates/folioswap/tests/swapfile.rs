@@ -1,0 +1,228 @@
+//! The swap file tier under failure: write errors (EIO, ENOSPC) keep the folio and mark
+//! the slots bad, a read error or a checksum mismatch fails the fault with SIGBUS and a
+//! message naming the address and the reason, and a full swap file refuses the fault
+//! clearly. Every test that swaps verifies every word it wrote.
+//!
+//! Tests that must watch a process die run a child: this test binary again, with
+//! `--ignored --exact <child>` and FOLIOSWAP_TEST_CHILD set.
+
+use folioswap::swapfile::io::{FaultInjector, SwapFile, SwapIo};
+use folioswap::{Config, Engine, FolioSize, Region, RegionOptions};
+use std::io;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+const MIB: usize = 1 << 20;
+
+fn swap_file(size: u64) -> SwapFile {
+    SwapFile::create(std::path::Path::new("/var/tmp"), size).unwrap_or_else(|e| panic!("cannot create a swap file in /var/tmp: {e}"))
+}
+
+/// A small pool so that evicted folios go to the file.
+fn config() -> Config {
+    Config::default().memory_high("16M").unwrap().max_pool("1M").unwrap()
+}
+
+fn engine_with(io: Box<dyn SwapIo>, config: Config) -> Engine {
+    Engine::with_swap_io(config, io).unwrap_or_else(|e| panic!("cannot start the engine: {e}"))
+}
+
+fn fill(region: &mut Region, seed: u64) {
+    for (j, w) in region.as_mut_slice().chunks_mut(8).enumerate() {
+        w.copy_from_slice(&(j as u64 ^ (seed << 40)).to_le_bytes());
+    }
+}
+
+fn check(region: &Region, seed: u64) {
+    for (j, w) in region.as_slice().chunks(8).enumerate() {
+        let got = u64::from_le_bytes(w.try_into().unwrap());
+        assert_eq!(got, j as u64 ^ (seed << 40), "word {j} of a {} region", region.folio_size());
+    }
+}
+
+/// An I/O layer shared between the engine and the test, so the test can arm faults.
+struct Shared<I>(Arc<I>);
+impl<I: SwapIo> SwapIo for Shared<I> {
+    fn write_at(&self, slot: u64, data: &[u8]) -> io::Result<()> {
+        self.0.write_at(slot, data)
+    }
+    fn write_batch(&self, ios: &[(u64, &[u8])]) -> io::Result<()> {
+        self.0.write_batch(ios)
+    }
+    fn read_at(&self, slot: u64, dst: &mut [u8]) -> io::Result<()> {
+        self.0.read_at(slot, dst)
+    }
+    fn slots(&self) -> u64 {
+        self.0.slots()
+    }
+    fn is_direct(&self) -> bool {
+        self.0.is_direct()
+    }
+    fn stats(&self) -> folioswap::SwapIoStats {
+        self.0.stats()
+    }
+}
+
+#[test]
+fn whole_folios_go_to_the_file_and_come_back() {
+    for folio in ["2M", "64K", "4K"] {
+        let e = engine_with(Box::new(swap_file(256 << 20)), config());
+        let mut a = e.map(64 * MIB, RegionOptions::default().folio_size(folio).unwrap()).unwrap();
+        fill(&mut a, 1);
+        fill(&mut a, 2);
+        check(&a, 2);
+        let s = e.stats();
+        let size: FolioSize = folio.parse().unwrap();
+        assert!(s.vm.pswpout > 0 && s.vm.pswpin > 0, "{folio}: {:?}", s.vm);
+        assert!(s.size(size).swpout > 0 && s.size(size).swpin > 0, "{folio}: {:?}", s.size(size));
+        if size.is_huge() {
+            assert!(s.vm.thp_swpout > 0, "{:?}", s.vm);
+            assert_eq!(s.vm.thp_swpout_fallback, 0, "a nearly empty file has whole clusters");
+        }
+        let swap = s.swap.expect("the engine has a swap file");
+        assert!(swap.io.bytes_written > 0 && swap.io.bytes_read > 0, "{swap:?}");
+        drop(a);
+        let swap = e.stats().swap.unwrap();
+        assert_eq!(swap.slots_used, swap.slots_cached, "{folio}: slots leaked: {swap:?}");
+    }
+}
+
+#[test]
+fn write_errors_keep_the_folio_and_mark_slots_bad() {
+    for errno in [libc::EIO, libc::ENOSPC] {
+        let io = Arc::new(FaultInjector::new(swap_file(256 << 20)));
+        io.fail_writes(3, errno);
+        let e = engine_with(Box::new(Shared(io.clone())), config());
+        let mut a = e.map(64 * MIB, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
+        fill(&mut a, 7);
+        check(&a, 7);
+        let s = e.stats();
+        assert_eq!(io.injected(), 3);
+        assert_eq!(s.vm.swap_write_error, 3, "{:?}", s.vm);
+        let swap = s.swap.unwrap();
+        assert!(swap.slots_bad >= 3 * 16, "three 64K writes failed: {swap:?}");
+        assert!(s.vm.pswpout > 0, "the file still works after errors: {:?}", s.vm);
+    }
+}
+
+#[test]
+fn large_folios_fall_back_to_pages_on_a_fragmented_file() {
+    // A 32M file: 4K pages swapped out fill most of its clusters; when they come back,
+    // they free scattered slots but no whole cluster, so the 2M folios they push out must
+    // go as 4 KiB pieces.
+    let e = engine_with(Box::new(swap_file(32 << 20)), config().slot_cache(0).unwrap());
+    let mut small = e.map(20 * MIB, RegionOptions::default().folio_size("4K").unwrap()).unwrap();
+    fill(&mut small, 3);
+    let mut big = e.map(24 * MIB, RegionOptions::default().folio_size("2M").unwrap()).unwrap();
+    fill(&mut big, 4);
+    check(&small, 3);
+    check(&big, 4);
+    check(&small, 3);
+    let s = e.stats();
+    assert!(s.vm.thp_swpout_fallback > 0, "2M folios found no free cluster: {:?} {:?}", s.vm, s.swap);
+    assert!(s.size(FolioSize::M2).swpout_fallback > 0, "{:?}", s.size(FolioSize::M2));
+    assert_eq!(s.vm.swap_write_error, 0);
+}
+
+#[test]
+fn read_error_sends_sigbus_with_the_address() {
+    let stderr = run_child("child_read_error");
+    assert!(stderr.contains("fault at 0x"), "{stderr}");
+    assert!(stderr.contains("reading it from swap slot"), "{stderr}");
+    assert!(stderr.contains("Input/output error"), "{stderr}");
+}
+
+#[test]
+#[ignore = "run by read_error_sends_sigbus_with_the_address in a child process"]
+fn child_read_error() {
+    assert!(std::env::var("FOLIOSWAP_TEST_CHILD").is_ok(), "run through read_error_sends_sigbus_with_the_address");
+    let io = Arc::new(FaultInjector::new(swap_file(256 << 20)));
+    let e = engine_with(Box::new(Shared(io.clone())), config());
+    let mut a = e.map(64 * MIB, RegionOptions::default().folio_size("2M").unwrap()).unwrap();
+    fill(&mut a, 1);
+    assert!(e.stats().vm.pswpout > 0);
+    io.fail_reads(u64::MAX, libc::EIO);
+    check(&a, 1);
+    unreachable!("the start of the region is on the swap file and every read fails");
+}
+
+/// Flips one bit of every folio it reads once armed.
+struct Corrupting {
+    inner: SwapFile,
+    armed: AtomicBool,
+}
+impl SwapIo for Corrupting {
+    fn write_at(&self, slot: u64, data: &[u8]) -> io::Result<()> {
+        self.inner.write_at(slot, data)
+    }
+    fn read_at(&self, slot: u64, dst: &mut [u8]) -> io::Result<()> {
+        self.inner.read_at(slot, dst)?;
+        if self.armed.load(Ordering::Relaxed) {
+            dst[dst.len() / 3] ^= 0x10;
+        }
+        Ok(())
+    }
+    fn slots(&self) -> u64 {
+        self.inner.slots()
+    }
+    fn stats(&self) -> folioswap::SwapIoStats {
+        self.inner.stats()
+    }
+}
+
+#[test]
+fn checksum_mismatch_sends_sigbus() {
+    let stderr = run_child("child_checksum_mismatch");
+    assert!(stderr.contains("fails the checksum"), "{stderr}");
+}
+
+#[test]
+#[ignore = "run by checksum_mismatch_sends_sigbus in a child process"]
+fn child_checksum_mismatch() {
+    assert!(std::env::var("FOLIOSWAP_TEST_CHILD").is_ok(), "run through checksum_mismatch_sends_sigbus");
+    let io = Arc::new(Corrupting { inner: swap_file(256 << 20), armed: AtomicBool::new(false) });
+    let e = engine_with(Box::new(Shared(io.clone())), config());
+    let mut a = e.map(64 * MIB, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
+    fill(&mut a, 1);
+    assert!(e.stats().vm.pswpout > 0);
+    io.armed.store(true, Ordering::Relaxed);
+    check(&a, 1);
+    unreachable!("the start of the region is on the swap file and every read is corrupted");
+}
+
+#[test]
+fn full_swap_file_refuses_the_fault_clearly() {
+    let stderr = run_child("child_fills_the_swap_file");
+    assert!(stderr.contains("the swap file has no room"), "{stderr}");
+    assert!(stderr.contains("use a larger swap file"), "{stderr}");
+}
+
+#[test]
+#[ignore = "run by full_swap_file_refuses_the_fault_clearly in a child process"]
+fn child_fills_the_swap_file() {
+    assert!(std::env::var("FOLIOSWAP_TEST_CHILD").is_ok(), "run through full_swap_file_refuses_the_fault_clearly");
+    let e = engine_with(Box::new(swap_file(8 << 20)), Config::default().memory_high("8M").unwrap().max_pool("1M").unwrap());
+    let mut r = e.map(64 * MIB, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for w in r.as_mut_slice().chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        w.copy_from_slice(&x.to_le_bytes());
+    }
+    unreachable!("64M of incompressible data cannot fit 8M of memory, a 1M pool and an 8M file");
+}
+
+/// Run a child test that must die of SIGBUS; returns its stderr.
+fn run_child(name: &str) -> String {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", name, "--nocapture", "--test-threads=1"])
+        .env("FOLIOSWAP_TEST_CHILD", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc::SIGBUS), "{name} should die of SIGBUS: {:?}\n{stderr}", out.status);
+    stderr
+}
