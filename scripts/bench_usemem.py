@@ -2,7 +2,12 @@
 """Run `folioswap bench usemem` over a matrix of configurations, several times each, and
 print a Markdown table of medians (the numbers in BENCHMARKS.md come from here).
 
-Usage: scripts/bench_usemem.py [--runs 3] [--out results.jsonl] [--only NAME ...] [-- extra args]
+Usage: scripts/bench_usemem.py [--matrix core|swapfile] [--runs 3] [--out results.jsonl]
+                               [--only NAME ...] [-- extra args]
+
+`core` is the engine with the compressed pool only (BENCHMARKS.md, engine core);
+`swapfile` adds a swap file in /var/tmp, with the pool on (capped at 256M, so it fills
+and writes back) and off (`--max-pool 0`: every folio goes to the file).
 
 Each configuration runs `--runs` times, interleaved (A B C A B C ...) so that drift in this
 shared VM's speed hits every configuration alike. Every run must verify; a failed run is
@@ -33,6 +38,20 @@ MATRIX = [
 ]
 
 
+SWAP = ["--swap-file", "/var/tmp:8G"]
+POOL_ON = SWAP + ["--max-pool", "256M"]
+POOL_OFF = SWAP + ["--max-pool", "0"]
+
+SWAPFILE_MATRIX = [
+    (f"{name} {pattern} {pool}", folio + ["--pattern", pattern] + extra)
+    for pattern in ["seq", "rand"]
+    for pool, extra in [("pool+file", POOL_ON), ("file only", POOL_OFF)]
+    for name, folio in [("2M", ["--folio", "2M"]), ("2M --split", ["--folio", "2M", "--split"]), ("64K", ["--folio", "64K"])]
+]
+
+MATRICES = {"core": MATRIX, "swapfile": SWAPFILE_MATRIX}
+
+
 def run_one(args):
     p = subprocess.run([BIN] + BASE + args, capture_output=True, text=True)
     if p.returncode != 0:
@@ -46,12 +65,13 @@ def med(xs):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--matrix", choices=sorted(MATRICES), default="core")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=None, help="append every run's JSON here")
     ap.add_argument("--only", nargs="*", default=None, help="configuration names to run")
     ap.add_argument("extra", nargs="*", help="extra usemem arguments for every run")
     a = ap.parse_args()
-    matrix = [(n, x + a.extra) for n, x in MATRIX if a.only is None or n in a.only]
+    matrix = [(n, x + a.extra) for n, x in MATRICES[a.matrix] if a.only is None or n in a.only]
     results = {n: [] for n, _ in matrix}
     failed = False
     out = open(a.out, "a") if a.out else None
@@ -69,12 +89,12 @@ def main():
                 out.write(json.dumps({"name": name, "args": BASE + args, "result": r}) + "\n")
                 out.flush()
 
-    print("| configuration | MB/s (median) | runs | writes/s (median) | THP % of resident | fault p50 / p99 µs | zswpout | zswpin |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| configuration | MB/s (median) | runs | writes/s (median) | THP % of resident | fault p50 / p99 µs | zswpout | zswpin | pswpout | pswpin | zswpwb | thp_swpout_fallback |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, _ in matrix:
         rs = results[name]
         if not rs:
-            print(f"| {name} | failed | | | | | | |")
+            print(f"| {name} | failed | | | | | | | | | | |")
             continue
         mbs = [r["throughput_mb_s"] for r in rs]
         wps = [r["writes_per_s"] for r in rs if "writes_per_s" in r]
@@ -82,11 +102,11 @@ def main():
         lat = [r["stats"]["fault_latency"]["all"] for r in rs]
         p50 = med([x["p50_us"] for x in lat])
         p99 = med([x["p99_us"] for x in lat])
-        zo = med([r["stats"]["zswpout"] for r in rs])
-        zi = med([r["stats"]["zswpin"] for r in rs])
+        st = lambda k: med([r["stats"][k] for r in rs])
         runs = " / ".join(f"{x:.0f}" for x in mbs)
         w = f"{med(wps):.0f}" if wps else "–"
-        print(f"| {name} | **{med(mbs):.0f}** | {runs} | {w} | {thp:.0f} | {p50:.0f} / {p99:.0f} | {zo:.0f} | {zi:.0f} |")
+        counters = " | ".join(f"{st(k):.0f}" for k in ["zswpout", "zswpin", "pswpout", "pswpin", "zswpwb", "thp_swpout_fallback"])
+        print(f"| {name} | **{med(mbs):.0f}** | {runs} | {w} | {thp:.0f} | {p50:.0f} / {p99:.0f} | {counters} |")
     return 1 if failed else 0
 
 

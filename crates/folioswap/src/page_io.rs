@@ -54,6 +54,9 @@ impl From<Stored> for Placed {
     }
 }
 
+/// File writes queued for one submission: (first slot, data).
+pub(crate) type WriteBatch<'a> = Vec<(u64, &'a [u8])>;
+
 /// Why a folio could not leave memory.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum SwapOutError {
@@ -162,23 +165,30 @@ impl Drop for AlignedBuf {
 
 impl Shared {
     /// Store an evicted folio: in the pool, or on the swap file (see the module comment).
-    pub(crate) fn swap_out(&self, data: &[u8], folio: FolioSize, scratch: &mut CodecScratch) -> Result<Vec<Placed>, SwapOutError> {
+    /// With `batch`, file writes are queued there instead of issued (`swap_writepage`).
+    pub(crate) fn swap_out<'a>(
+        &self,
+        data: &'a [u8],
+        folio: FolioSize,
+        scratch: &mut CodecScratch,
+        batch: Option<&mut WriteBatch<'a>>,
+    ) -> Result<Vec<Placed>, SwapOutError> {
         let vm = &self.counters.vm;
         if self.swap.is_some() && !self.pool_accepts(data.len() as u64 / 2) {
-            return self.swap_writepage(data, folio);
+            return self.swap_writepage(data, folio, batch);
         }
         let min_ratio = self.swap.as_ref().map(|_| self.config.min_compression_ratio);
         match self.zswap.zswap_store(data, scratch, min_ratio) {
             Ok(stored) => Ok(vec![stored.into()]),
             Err(StoreError::CompressPoor) => {
                 vm.zswap_reject_compress_poor.inc();
-                self.swap_writepage(data, folio)
+                self.swap_writepage(data, folio, batch)
             }
             Err(StoreError::Full) => {
                 vm.zswap_pool_limit_hit.inc();
                 self.reclaim.set_pool_full();
                 match self.swap {
-                    Some(_) => self.swap_writepage(data, folio),
+                    Some(_) => self.swap_writepage(data, folio, batch),
                     None => Err(SwapOutError::PoolFull),
                 }
             }
@@ -214,14 +224,20 @@ impl Shared {
     }
 
     /// Write a folio to the swap file: whole into one aligned run of slots, or, when the
-    /// allocator has none, as 4 KiB pieces (the caller splits the folio).
-    pub(crate) fn swap_writepage(&self, data: &[u8], folio: FolioSize) -> Result<Vec<Placed>, SwapOutError> {
+    /// allocator has none, as 4 KiB pieces (the caller splits the folio). With `batch` the
+    /// writes are only queued: the caller issues the batch (`write_batch`) before it
+    /// publishes anything.
+    pub(crate) fn swap_writepage<'a>(&self, data: &'a [u8], folio: FolioSize, batch: Option<&mut WriteBatch<'a>>) -> Result<Vec<Placed>, SwapOutError> {
         let Some(dev) = &self.swap else {
             return Err(SwapOutError::PoolFull);
         };
         let order = folio.order();
         if let Some(slot) = dev.alloc(order) {
             let handle = SwapHandle { slot, checksum: folio_checksum(data) };
+            if let Some(batch) = batch {
+                batch.push((slot, data));
+                return Ok(vec![Placed::File(handle)]);
+            }
             return match dev.io.write_at(slot, data) {
                 Ok(()) => Ok(vec![Placed::File(handle)]),
                 Err(err) => {
@@ -244,6 +260,11 @@ impl Shared {
             }
         }
         let ios: Vec<(u64, &[u8])> = slots.iter().copied().zip(data.chunks(PAGE_SIZE)).collect();
+        let placed = ios.iter().map(|&(slot, page)| Placed::File(SwapHandle { slot, checksum: folio_checksum(page) })).collect();
+        if let Some(batch) = batch {
+            batch.extend(ios);
+            return Ok(placed);
+        }
         if let Err(err) = dev.io.write_batch(&ios) {
             // Which piece failed is unknown: mark them all bad rather than trust any.
             for &slot in &slots {
@@ -251,7 +272,36 @@ impl Shared {
             }
             return Err(SwapOutError::WriteFailed);
         }
-        Ok(ios.iter().map(|&(slot, page)| Placed::File(SwapHandle { slot, checksum: folio_checksum(page) })).collect())
+        Ok(placed)
+    }
+
+    /// Issue the file writes queued by the swap-outs of one eviction batch in one
+    /// submission (their staging copies are contiguous, and so are their slots when the
+    /// allocator hands out a run: `pwritev` merges them). `spans[i]` is the part of
+    /// `batch` that `results[i]` queued; if the write fails, every result that queued
+    /// anything fails, what it stored in the pool is freed and its slots are marked bad.
+    pub(crate) fn write_batch(&self, batch: &WriteBatch<'_>, spans: &[std::ops::Range<usize>], results: &mut [Result<Vec<Placed>, SwapOutError>]) {
+        if batch.is_empty() {
+            return;
+        }
+        let dev = self.swap.as_ref().expect("queued writes imply a swap file");
+        let Err(err) = dev.io.write_batch(batch) else { return };
+        for (result, span) in results.iter_mut().zip(spans) {
+            if span.is_empty() {
+                continue;
+            }
+            if let Ok(placed) = result {
+                for p in placed.iter() {
+                    if let Placed::Pool { handle, .. } = *p {
+                        self.zswap.free(handle);
+                    }
+                }
+            }
+            *result = Err(SwapOutError::WriteFailed);
+        }
+        for &(slot, data) in batch {
+            self.write_failed(slot, (data.len() / PAGE_SIZE).trailing_zeros(), &err);
+        }
     }
 
     fn write_failed(&self, slot: u64, order: u32, err: &std::io::Error) {
@@ -413,7 +463,7 @@ impl Shared {
                 let buf = cell.as_mut().expect("just set").as_mut_slice(folio.bytes());
                 self.load_swapped(Kind::Pool, handle, buf)?;
                 // Write errors are reported where they happen; NoSpace just ends writeback.
-                self.swap_writepage(buf, folio).map_err(|_| String::new())
+                self.swap_writepage(buf, folio, None).map_err(|_| String::new())
             });
             let placed = match written {
                 Ok(placed) => placed,

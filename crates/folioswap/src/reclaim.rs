@@ -32,7 +32,7 @@ use crate::memcg::Component;
 use crate::region::FolioTable;
 use crate::size::{FolioSize, HUGE_SIZE, PAGE_SIZE};
 use crate::folio::State;
-use crate::page_io::{Placed, SwapOutError};
+use crate::page_io::{Placed, SwapOutError, WriteBatch};
 use crate::staging::{Slot, Staged};
 use crate::zswap::CodecScratch;
 use std::cell::RefCell;
@@ -315,10 +315,18 @@ impl Shared {
             e.unlock();
             members.push((v, at, folio.is_huge() && s.has(HUGE)));
         }
+        // With a swap file, the members (or split pages) bound for it are written in one
+        // submission before any is published; otherwise each member is published as soon as
+        // it is stored, so that a fault wanting it back waits for its own compression only.
+        let mut stored = match self.swap {
+            Some(_) if members.len() > 1 || self.config.split_swap => self.store_batch(&members, folio, scratch),
+            _ => Vec::new(),
+        }
+        .into_iter();
         // Progress if any member left memory; PoolFull only if the pool refused them all.
         let mut outcome = Reclaimed::Busy;
         for (v, at, huge) in &members {
-            let result = self.compress_evicted(*at, folio, scratch);
+            let result = stored.next().unwrap_or_else(|| self.compress_evicted(*at, folio, scratch, None));
             match self.finish_eviction(v, folio, *at, *huge, result, direct) {
                 Reclaimed::Freed => outcome = Reclaimed::Freed,
                 Reclaimed::PoolFull if outcome != Reclaimed::Freed => outcome = Reclaimed::PoolFull,
@@ -424,20 +432,46 @@ impl Shared {
         }
     }
 
+    /// Store the members of an eviction batch, queueing their file writes and issuing
+    /// them in one submission.
+    fn store_batch(&self, members: &[(LruEntry, Staged, bool)], folio: FolioSize, scratch: &mut CodecScratch) -> Vec<Result<Vec<Placed>, SwapOutError>> {
+        let mut batch = WriteBatch::new();
+        let mut spans = Vec::with_capacity(members.len());
+        let mut results = Vec::with_capacity(members.len());
+        for (_, at, _) in members {
+            let start = batch.len();
+            results.push(self.compress_evicted(*at, folio, scratch, Some(&mut batch)));
+            spans.push(start..batch.len());
+        }
+        self.write_batch(&batch, &spans, &mut results);
+        results
+    }
+
     /// Store a staged folio (pool or swap file): whole, or (split mode) as independent
-    /// 4 KiB pages.
-    fn compress_evicted(&self, at: Staged, folio: FolioSize, scratch: &mut CodecScratch) -> Result<Vec<Placed>, SwapOutError> {
+    /// 4 KiB pages. File writes go to `batch` when given (see `store_batch`).
+    fn compress_evicted<'a>(
+        &'a self,
+        at: Staged,
+        folio: FolioSize,
+        scratch: &mut CodecScratch,
+        mut batch: Option<&mut WriteBatch<'a>>,
+    ) -> Result<Vec<Placed>, SwapOutError> {
         // SAFETY: the folio is SwapCache+WRITEBACK with this staged copy: nothing moves its
         // pages away or writes them until finish_eviction takes the lock again.
         let data: &[u8] = unsafe { self.staging.staged_slice(at, folio.bytes()) };
         if !(self.config.split_swap && folio.order() > 0) {
-            return self.swap_out(data, folio, scratch);
+            return self.swap_out(data, folio, scratch, batch);
         }
         let mut placed = Vec::with_capacity(folio.pages());
+        let queued = batch.as_ref().map_or(0, |b| b.len());
         for page in data.chunks(PAGE_SIZE) {
-            match self.swap_out(page, FolioSize::K4, scratch) {
+            match self.swap_out(page, FolioSize::K4, scratch, batch.as_deref_mut()) {
                 Ok(p) => placed.extend(p),
                 Err(err) => {
+                    // Unqueue this folio's writes before its slots are freed.
+                    if let Some(b) = batch.as_deref_mut() {
+                        b.truncate(queued);
+                    }
                     self.free_placed(&placed, FolioSize::K4);
                     return Err(err);
                 }
