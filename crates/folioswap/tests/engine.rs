@@ -8,24 +8,15 @@
 use folioswap::{Config, Engine, Error, FaultMode, FolioSize, Region, RegionOptions};
 use std::process::Command;
 
+mod common;
+use common::{check, fill};
+
 const MIB: usize = 1 << 20;
 
 fn engine(config: Config) -> Engine {
     Engine::new(config).unwrap_or_else(|e| panic!("cannot start the engine: {e}"))
 }
 
-fn fill(region: &mut Region, seed: u64) {
-    for (j, w) in region.as_mut_slice().chunks_mut(8).enumerate() {
-        w.copy_from_slice(&(j as u64 ^ (seed << 40)).to_le_bytes());
-    }
-}
-
-fn check(region: &Region, seed: u64) {
-    for (j, w) in region.as_slice().chunks(8).enumerate() {
-        let got = u64::from_le_bytes(w.try_into().unwrap());
-        assert_eq!(got, j as u64 ^ (seed << 40), "word {j} of a {} region", region.folio_size());
-    }
-}
 
 /// Touch `other` fully so that everything in the engine but `other`'s tail is evicted.
 fn push_out(other: &mut Region) {

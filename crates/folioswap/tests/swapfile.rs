@@ -7,11 +7,14 @@
 //! `--ignored --exact <child>` and FOLIOSWAP_TEST_CHILD set.
 
 use folioswap::swapfile::io::{FaultInjector, SwapFile, SwapIo};
-use folioswap::{Config, Engine, FolioSize, Region, RegionOptions};
+use folioswap::{Config, Engine, FolioSize, RegionOptions};
 use std::io;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+mod common;
+use common::{check, fill};
 
 const MIB: usize = 1 << 20;
 
@@ -28,18 +31,6 @@ fn engine_with(io: Box<dyn SwapIo>, config: Config) -> Engine {
     Engine::with_swap_io(config, io).unwrap_or_else(|e| panic!("cannot start the engine: {e}"))
 }
 
-fn fill(region: &mut Region, seed: u64) {
-    for (j, w) in region.as_mut_slice().chunks_mut(8).enumerate() {
-        w.copy_from_slice(&(j as u64 ^ (seed << 40)).to_le_bytes());
-    }
-}
-
-fn check(region: &Region, seed: u64) {
-    for (j, w) in region.as_slice().chunks(8).enumerate() {
-        let got = u64::from_le_bytes(w.try_into().unwrap());
-        assert_eq!(got, j as u64 ^ (seed << 40), "word {j} of a {} region", region.folio_size());
-    }
-}
 
 /// An I/O layer shared between the engine and the test, so the test can arm faults.
 struct Shared<I>(Arc<I>);
