@@ -9,7 +9,7 @@ use folioswap::{Config, Engine, Error, FaultMode, FolioSize, Region, RegionOptio
 use std::process::Command;
 
 mod common;
-use common::{check, fill};
+use common::{check, fill, fill_incompressible, run_child_expecting_sigbus};
 
 const MIB: usize = 1 << 20;
 
@@ -203,14 +203,7 @@ fn mremap_moves_swapped_out_data_with_it() {
 
 #[test]
 fn pool_full_refuses_the_fault_clearly() {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "child_fills_a_tiny_pool", "--nocapture", "--test-threads=1"])
-        .env("FOLIOSWAP_TEST_CHILD", "1")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(out.status.signal(), Some(libc::SIGBUS), "child should die of SIGBUS: {:?}\n{stderr}", out.status);
+    let stderr = run_child_expecting_sigbus("child_fills_a_tiny_pool");
     assert!(stderr.contains("the compressed pool is full"), "{stderr}");
     assert!(stderr.contains("raise max_pool or memory_high"), "{stderr}");
 }
@@ -222,13 +215,7 @@ fn child_fills_a_tiny_pool() {
     for mode in [FaultMode::Signal, FaultMode::Thread] {
         let e = engine(Config::default().memory_high("8M").unwrap().max_pool("1M").unwrap().fault_mode(mode));
         let mut r = e.map(64 * MIB, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        for w in r.as_mut_slice().chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            w.copy_from_slice(&x.to_le_bytes());
-        }
+        fill_incompressible(&mut r);
     }
     unreachable!("64M of incompressible data cannot fit 8M of memory and a 1M pool");
 }

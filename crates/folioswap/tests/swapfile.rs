@@ -9,12 +9,11 @@
 use folioswap::swapfile::io::{FaultInjector, SwapFile, SwapIo};
 use folioswap::{Config, Engine, FolioSize, RegionOptions};
 use std::io;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 mod common;
-use common::{check, fill};
+use common::{check, fill, fill_incompressible, run_child_expecting_sigbus};
 
 const MIB: usize = 1 << 20;
 
@@ -133,7 +132,7 @@ fn large_folios_fall_back_to_pages_on_a_fragmented_file() {
 
 #[test]
 fn read_error_sends_sigbus_with_the_address() {
-    let stderr = run_child("child_read_error");
+    let stderr = run_child_expecting_sigbus("child_read_error");
     assert!(stderr.contains("fault at 0x"), "{stderr}");
     assert!(stderr.contains("reading it from swap slot"), "{stderr}");
     assert!(stderr.contains("Input/output error"), "{stderr}");
@@ -179,7 +178,7 @@ impl SwapIo for Corrupting {
 
 #[test]
 fn checksum_mismatch_sends_sigbus() {
-    let stderr = run_child("child_checksum_mismatch");
+    let stderr = run_child_expecting_sigbus("child_checksum_mismatch");
     assert!(stderr.contains("fails the checksum"), "{stderr}");
 }
 
@@ -199,7 +198,7 @@ fn child_checksum_mismatch() {
 
 #[test]
 fn full_swap_file_refuses_the_fault_clearly() {
-    let stderr = run_child("child_fills_the_swap_file");
+    let stderr = run_child_expecting_sigbus("child_fills_the_swap_file");
     assert!(stderr.contains("the swap file has no room"), "{stderr}");
     assert!(stderr.contains("use a larger swap file"), "{stderr}");
 }
@@ -210,25 +209,6 @@ fn child_fills_the_swap_file() {
     assert!(std::env::var("FOLIOSWAP_TEST_CHILD").is_ok(), "run through full_swap_file_refuses_the_fault_clearly");
     let e = engine_with(Box::new(swap_file(8 << 20)), Config::default().memory_high("8M").unwrap().max_pool("1M").unwrap());
     let mut r = e.map(64 * MIB, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    for w in r.as_mut_slice().chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        w.copy_from_slice(&x.to_le_bytes());
-    }
+    fill_incompressible(&mut r);
     unreachable!("64M of incompressible data cannot fit 8M of memory, a 1M pool and an 8M file");
-}
-
-/// Run a child test that must die of SIGBUS; returns its stderr.
-fn run_child(name: &str) -> String {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", name, "--nocapture", "--test-threads=1"])
-        .env("FOLIOSWAP_TEST_CHILD", "1")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(out.status.signal(), Some(libc::SIGBUS), "{name} should die of SIGBUS: {:?}\n{stderr}", out.status);
-    stderr
 }
