@@ -154,14 +154,19 @@ impl FromStr for SwapFileSpec {
         if size < SwapFileSpec::MIN_SIZE {
             return Err(format!("the size must be at least {}", format_bytes(SwapFileSpec::MIN_SIZE)));
         }
+        if size > SwapFileSpec::MAX_SIZE {
+            return Err(format!("the size must be at most {}", format_bytes(SwapFileSpec::MAX_SIZE)));
+        }
         Ok(SwapFileSpec { path: PathBuf::from(path), size })
     }
 }
 
 impl SwapFileSpec {
-    pub const ACCEPTED: &'static str = "PATH:SIZE, a file to create or a directory, and a size of at least 2M (e.g. /var/tmp:8G)";
+    pub const ACCEPTED: &'static str = "PATH:SIZE, a file to create or a directory, and a size from 2M to 16T (e.g. /var/tmp:8G)";
     /// One 2 MiB cluster.
     pub const MIN_SIZE: u64 = 2 << 20;
+    /// 2^32 slots of 4 KiB: a swapped folio's handle word keeps its slot in 32 bits.
+    pub const MAX_SIZE: u64 = 1 << 44;
 }
 
 /// The engine's configuration. Start from [`Config::default`] or [`Config::from_env`] and
@@ -504,6 +509,7 @@ mod tests {
             ("FOLIOSWAP_LRU", "clock", "fifo or workingset"),
             ("FOLIOSWAP_SWAP_FILE", "/var/tmp", "PATH:SIZE"),
             ("FOLIOSWAP_SWAP_FILE", "/var/tmp:1M", "at least 2M"),
+            ("FOLIOSWAP_SWAP_FILE", "/var/tmp:17T", "at most 16T"),
             ("FOLIOSWAP_SWAP_FILE", ":8G", "path is empty"),
             ("FOLIOSWAP_ACCEPT_THRESHOLD_PERCENT", "120", "percentage"),
             ("FOLIOSWAP_MIN_COMPRESSION_RATIO", "0.5", "ratio"),
