@@ -206,6 +206,18 @@ pub struct Config {
     /// Order-0 swap slots a thread caches, allocated and returned in batches of this many
     /// (the kernel's per-CPU swap slot cache); 0 turns the caches off.
     pub slot_cache: usize,
+    /// Swap readahead by virtual address (seed 002): on a swap-in, bring the faulting
+    /// folio's neighbours in its region into the swap cache. Off: neighbours in swap-slot
+    /// order (eviction order), the kernel's older cluster readahead.
+    pub vma_ra_enabled: bool,
+    /// Readahead window cap as a power of two of folios (the kernel's `page-cluster`);
+    /// 0 turns readahead off.
+    pub page_cluster: u32,
+    /// Also detect a constant stride between a region's faults (a majority vote over its
+    /// recent fault deltas) and read ahead along it.
+    pub ra_stride: bool,
+    /// Readahead on a helper thread: the faulting thread waits only for its own folio.
+    pub ra_async: bool,
 }
 
 fn serialize_display<T: fmt::Display, S: serde::Serializer>(v: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -229,6 +241,10 @@ impl Default for Config {
             accept_threshold_percent: 90,
             min_compression_ratio: 1.0,
             slot_cache: 64,
+            vma_ra_enabled: true,
+            page_cluster: 3,
+            ra_stride: false,
+            ra_async: true,
         }
     }
 }
@@ -249,6 +265,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FOLIOSWAP_ACCEPT_THRESHOLD_PERCENT", "a percentage of max_pool from 0 to 100"),
     ("FOLIOSWAP_MIN_COMPRESSION_RATIO", "a ratio from 1.0 to 100, like 1.5"),
     ("FOLIOSWAP_SLOT_CACHE", "a slot count from 0 (no caches) to 4096"),
+    ("FOLIOSWAP_VMA_RA_ENABLED", "1/0, true/false, yes/no or on/off"),
+    ("FOLIOSWAP_PAGE_CLUSTER", "a window of 2^N folios, N from 0 (no readahead) to 9"),
+    ("FOLIOSWAP_RA_STRIDE", "1/0, true/false, yes/no or on/off"),
+    ("FOLIOSWAP_RA_ASYNC", "1/0, true/false, yes/no or on/off"),
 ];
 
 fn accepted(var: &str) -> &'static str {
@@ -313,6 +333,10 @@ impl Config {
             "FOLIOSWAP_ACCEPT_THRESHOLD_PERCENT" => self.parse_accept_threshold(var, value)?,
             "FOLIOSWAP_MIN_COMPRESSION_RATIO" => self.parse_min_ratio(var, value)?,
             "FOLIOSWAP_SLOT_CACHE" => self.parse_slot_cache(var, value)?,
+            "FOLIOSWAP_VMA_RA_ENABLED" => self.vma_ra_enabled(parse_bool(var, value)?),
+            "FOLIOSWAP_PAGE_CLUSTER" => self.parse_page_cluster(var, value)?,
+            "FOLIOSWAP_RA_STRIDE" => self.ra_stride(parse_bool(var, value)?),
+            "FOLIOSWAP_RA_ASYNC" => self.ra_async(parse_bool(var, value)?),
             _ => {
                 let known: Vec<&str> = ENV_VARS.iter().map(|(n, _)| *n).collect();
                 return Err(Error::config(var, value, format!("a known variable: {}", known.join(", "))));
@@ -386,6 +410,19 @@ impl Config {
         Ok(self)
     }
 
+    fn parse_page_cluster(mut self, var: &str, value: &str) -> Result<Config> {
+        self.page_cluster = value
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|&n| n <= Self::MAX_PAGE_CLUSTER)
+            .ok_or_else(|| Error::config(var, value, accepted("FOLIOSWAP_PAGE_CLUSTER")))?;
+        Ok(self)
+    }
+
+    /// A window never leaves the 2 MiB around the fault: 2^9 pages.
+    pub const MAX_PAGE_CLUSTER: u32 = 9;
+
     /// The smallest `memory_high` accepted: room for a few 2 MiB folios in flight.
     pub const MIN_MEMORY_HIGH: u64 = 8 << 20;
 
@@ -450,6 +487,23 @@ impl Config {
     pub fn slot_cache(self, slots: usize) -> Result<Config> {
         self.parse_slot_cache("slot_cache", &slots.to_string())
     }
+    /// Readahead by virtual address (true, the default) or by swap-slot order (false).
+    pub fn vma_ra_enabled(mut self, on: bool) -> Config {
+        self.vma_ra_enabled = on;
+        self
+    }
+    /// Readahead window cap, 2^`n` folios (0: no readahead; at most 9).
+    pub fn page_cluster(self, n: u32) -> Result<Config> {
+        self.parse_page_cluster("page_cluster", &n.to_string())
+    }
+    pub fn ra_stride(mut self, on: bool) -> Config {
+        self.ra_stride = on;
+        self
+    }
+    pub fn ra_async(mut self, on: bool) -> Config {
+        self.ra_async = on;
+        self
+    }
 }
 
 #[cfg(test)]
@@ -477,6 +531,10 @@ mod tests {
             ("FOLIOSWAP_ACCEPT_THRESHOLD_PERCENT", "80"),
             ("FOLIOSWAP_MIN_COMPRESSION_RATIO", "1.5"),
             ("FOLIOSWAP_SLOT_CACHE", "0"),
+            ("FOLIOSWAP_VMA_RA_ENABLED", "off"),
+            ("FOLIOSWAP_PAGE_CLUSTER", "5"),
+            ("FOLIOSWAP_RA_STRIDE", "on"),
+            ("FOLIOSWAP_RA_ASYNC", "0"),
             ("PATH", "/usr/bin"),
         ]))
         .unwrap();
@@ -492,6 +550,8 @@ mod tests {
         assert_eq!(c.accept_threshold_percent, 80);
         assert_eq!(c.min_compression_ratio, 1.5);
         assert_eq!(c.slot_cache, 0);
+        assert!(!c.vma_ra_enabled && c.ra_stride && !c.ra_async);
+        assert_eq!(c.page_cluster, 5);
     }
 
     #[test]
@@ -514,6 +574,8 @@ mod tests {
             ("FOLIOSWAP_ACCEPT_THRESHOLD_PERCENT", "120", "percentage"),
             ("FOLIOSWAP_MIN_COMPRESSION_RATIO", "0.5", "ratio"),
             ("FOLIOSWAP_SLOT_CACHE", "lots", "slot count"),
+            ("FOLIOSWAP_PAGE_CLUSTER", "10", "2^N folios"),
+            ("FOLIOSWAP_RA_ASYNC", "sometimes", "true/false"),
             ("FOLIOSWAP_MEMORY_HGIH", "1G", "FOLIOSWAP_MEMORY_HIGH"),
         ] {
             let err = Config::from_vars(vars(&[(var, value)])).unwrap_err().to_string();

@@ -456,6 +456,10 @@ impl Region {
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
+    /// This region's swap readahead: folios read ahead, hits, waste, and its window now.
+    pub fn readahead_stats(&self) -> crate::stats::RegionReadahead {
+        self.table.ra.snapshot()
+    }
 }
 
 impl Drop for Region {

@@ -89,6 +89,8 @@ pub(crate) struct FolioTable {
     /// Folios of this table that an eviction moved out and has not yet published (or
     /// dropped): dropping the region waits for them, so that it returns everything.
     pub evicting: AtomicUsize,
+    /// The region's readahead window and counters (`readahead.rs`).
+    pub ra: crate::readahead::RegionRa,
 }
 
 // SAFETY: `entries` points to a mapping owned by the table for its whole life; every
@@ -113,6 +115,7 @@ impl FolioTable {
             pieces: RwLock::new(vec![Piece { page: 0, pages, addr }]),
             dead: AtomicBool::new(false),
             evicting: AtomicUsize::new(0),
+            ra: Default::default(),
         })
     }
 

@@ -171,9 +171,13 @@ counter_struct!(
         zswpout,
         /// Pages written back from the pool to the swap file.
         zswpwb,
-        /// Folios brought in by readahead, and those later used.
+        /// Folios brought into the swap cache by readahead, those later used by a fault,
+        /// and those dropped unused (evicted from the readahead cache, or discarded).
         swap_ra,
         swap_ra_hit,
+        swap_ra_waste,
+        /// Readahead folios chosen along a detected stride rather than the plain window.
+        swap_ra_stride,
         /// 2 MiB folios swapped out whole to the swap file, and those split first.
         thp_swpout,
         thp_swpout_fallback,
@@ -249,6 +253,18 @@ impl Counters {
     pub fn size(&self, folio: FolioSize) -> &SizeCounters {
         &self.size[folio.index()]
     }
+}
+
+/// One region's readahead: what it brought in, what was used, and its window now.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct RegionReadahead {
+    pub swap_ra: u64,
+    pub swap_ra_hit: u64,
+    pub swap_ra_waste: u64,
+    /// The current window, in folios.
+    pub window: u32,
+    /// The stride detected between the region's recent faults, in folios (0: none).
+    pub stride: i64,
 }
 
 /// Memory the engine holds, in bytes.
