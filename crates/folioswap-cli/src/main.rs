@@ -3,6 +3,7 @@
 mod codec;
 mod pattern;
 mod progress;
+mod readahead;
 mod slots;
 mod usemem;
 
@@ -34,6 +35,9 @@ enum Bench {
     /// The swap slot allocator alone: allocations+frees per second per thread count, cluster
     /// locks and slot caches against one global lock (seed 003).
     Slots(slots::SlotsArgs),
+    /// Seed 002's combined workload: sequential writers over a region larger than the limit
+    /// while random writers run beside them; VMA vs slot-order readahead vs none.
+    Readahead(Box<readahead::ReadaheadArgs>),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +46,7 @@ fn main() -> ExitCode {
         Command::Bench(Bench::Usemem(args)) => usemem::run(*args),
         Command::Bench(Bench::Codec(args)) => codec::run(args),
         Command::Bench(Bench::Slots(args)) => slots::run(args),
+        Command::Bench(Bench::Readahead(args)) => readahead::run(*args),
         Command::Env => {
             for (name, accepted) in folioswap::ENV_VARS {
                 println!("{name:<28} {accepted}");

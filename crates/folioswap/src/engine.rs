@@ -9,7 +9,7 @@
 
 use crate::config::{Config, FaultMode};
 use crate::error::{Error, Result};
-use crate::folio::{Kind, PENDING, SPLIT, WRITEBACK};
+use crate::folio::{Kind, CACHED, PENDING, SPLIT, WRITEBACK};
 use crate::memcg::{Component, MemCg};
 use crate::reclaim::{Lru, ReclaimCtl};
 use crate::region::{AddressMap, FolioTable, MapEntry, RegionOptions};
@@ -46,6 +46,8 @@ pub(crate) struct Shared {
     pub lru: Lru,
     pub reclaim: ReclaimCtl,
     pub counters: Counters,
+    /// Swap readahead: the copies read ahead, the slot-order state, the helper's queue.
+    pub ra: crate::readahead::Readahead,
     /// The event gate: shared around every ioctl that maps a page to an address in a
     /// region; exclusive around reading the userfaultfd and changing the address map.
     pub gate: RwLock<()>,
@@ -77,6 +79,7 @@ impl Drop for Lifetime {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.reclaim.wake_all();
+        self.shared.ra.wake_all();
         self.shared.kick();
         for t in self.threads.lock().unwrap().drain(..) {
             let _ = t.join();
@@ -142,6 +145,7 @@ impl Engine {
             lru: Lru::default(),
             reclaim: ReclaimCtl::default(),
             counters: Counters::default(),
+            ra: crate::readahead::Readahead::new(&config),
             gate: RwLock::new(()),
             events: Default::default(),
             deferred_faults: Mutex::new(VecDeque::new()),
@@ -179,6 +183,9 @@ impl Engine {
         };
         for i in 0..servers {
             spawn(format!("fsw-fault{i}"), crate::fault::fault_thread, &mut threads)?;
+        }
+        if shared.config.page_cluster > 0 && shared.config.ra_async {
+            spawn("fsw-readahead".to_string(), crate::readahead::ra_worker, &mut threads)?;
         }
         let life = Arc::new(Lifetime { shared: shared.clone(), threads: Mutex::new(threads) });
         Ok(Engine { shared, life })
@@ -257,6 +264,7 @@ impl Shared {
             charged_bytes: self.memcg.usage(pool.footprint_bytes()),
             resident_bytes: self.memcg.get(Component::Resident),
             swapcache_bytes: self.memcg.get(Component::SwapCache),
+            readahead_bytes: self.ra.cache.bytes(),
             staging_free_bytes: self.memcg.get(Component::StagingFree),
             pool_total_bytes: pool.footprint_bytes(),
             pool_compressed_bytes: pool.stored_bytes(),
@@ -301,7 +309,7 @@ impl Shared {
             if self.reclaim.wait_for_progress() {
                 continue;
             }
-            if self.staging.drain_reserve(&self.memcg) > 0 {
+            if self.staging.drain_reserve(&self.memcg) > 0 || self.drain_readahead() > 0 {
                 continue;
             }
             return Err(self.oom_reason());
@@ -395,8 +403,9 @@ impl Shared {
                     pe.unlock();
                 }
             } else {
+                self.forget_readahead(table, head);
                 self.drop_storage(s.kind(), e.handle(), folio, s.has(WRITEBACK));
-                e.set_locked(s.with_kind(Kind::Gone).with(WRITEBACK, false));
+                e.set_locked(s.with_kind(Kind::Gone).with(WRITEBACK, false).with(CACHED, false));
                 e.clear_locked(PENDING);
                 e.unlock();
             }

@@ -255,6 +255,7 @@ impl Shared {
 
     /// The whole folio is discarded: release its copy, leave it `kind`.
     fn drop_folio(&self, table: &Arc<FolioTable>, target: usize, folio: FolioSize, kind: Kind) {
+        self.forget_readahead(table, target);
         let e = table.entry(target);
         let s = e.load();
         self.drop_storage(s.kind(), e.handle(), folio, s.has(WRITEBACK));
@@ -267,6 +268,7 @@ impl Shared {
     /// Split the (locked, unsplit) folio at `head` into 4 KiB pages, each taking its
     /// action. A swapped-out folio is brought back first so kept pages keep their data.
     fn split_folio(&self, table: &Arc<FolioTable>, head: usize, folio: FolioSize, actions: &[Action]) -> Result<(), ApplyError> {
+        self.forget_readahead(table, head);
         let e = table.entry(head);
         let s = e.load();
         let bytes = folio.bytes() as u64;

@@ -14,7 +14,7 @@
 //! kernel is carrying out (see `events.rs`).
 
 use crate::engine::{Shared, ADDRESS_MAP};
-use crate::folio::{Kind, State, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
+use crate::folio::{Kind, State, CACHED, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
 use crate::memcg::Component;
 use crate::region::FolioTable;
 use crate::size::{FolioSize, PAGE_SIZE};
@@ -39,6 +39,9 @@ pub(crate) enum FaultOutcome {
 /// What one attempt at resolving a fault came to.
 pub(crate) enum Step {
     Done(FolioSize),
+    /// A swap-in from the pool or the file (`hit`: from a readahead copy): the folio at
+    /// `head` of the table, the moment for readahead.
+    SwappedIn { folio: FolioSize, head: usize, hit: bool },
     Retry,
     NotOurs,
     Fail(String),
@@ -78,6 +81,16 @@ impl Shared {
                 Step::Done(folio) => {
                     let ns = start.elapsed().as_nanos() as u64;
                     self.counters.fault_latency[folio.index()].record(ns);
+                    return FaultOutcome::Served;
+                }
+                Step::SwappedIn { folio, head, hit } => {
+                    let ns = start.elapsed().as_nanos() as u64;
+                    self.counters.fault_latency[folio.index()].record(ns);
+                    self.counters.swapin_latency[hit as usize].record(ns);
+                    // A split folio's pages are not read ahead: the window is in folios.
+                    if folio == entry.table.folio {
+                        self.readahead_after_fault(&entry.table, head, folio, hit);
+                    }
                     return FaultOutcome::Served;
                 }
                 Step::Retry => continue,
@@ -128,11 +141,12 @@ impl Shared {
                 return Step::Retry;
             }
             Kind::SwapCache => self.fault_swapcache(table, target, folio, s),
+            Kind::Pool | Kind::Swapped if s.has(CACHED) => self.fault_ra_hit(table, target, folio, s),
             Kind::Pool | Kind::Swapped => self.fault_swapin(table, target, folio, s),
             Kind::Gone => Step::NotOurs,
         };
         e.unlock();
-        if let Step::Done(folio) = step {
+        if let Step::Done(folio) | Step::SwappedIn { folio, .. } = step {
             self.wake_folio(table, target, folio);
         }
         step
@@ -325,12 +339,12 @@ impl Shared {
                 self.release_after_install(slot, how, huge);
                 let huge = huge && folio.is_huge();
                 self.now_resident(table, target, folio, s, huge, true);
-                self.count_swapin(s.kind(), folio);
+                self.counters.vm.pgmajfault.inc();
+                self.count_swapin_io(s.kind(), folio);
                 if folio.is_huge() && !huge {
                     self.counters.size(folio).swpin_fallback.inc();
                 }
-                self.readahead_after_swapin(table, target, folio);
-                Step::Done(folio)
+                Step::SwappedIn { folio, head: target, hit: false }
             }
             Err(err) => {
                 self.staging.put_filled(slot, huge, &self.memcg);
@@ -340,10 +354,22 @@ impl Shared {
         }
     }
 
-    /// The readahead hook: after a swap-in from the pool, the place to bring the folio's
-    /// virtual neighbours into the swap cache (seed 002). No policy is wired yet, so the
-    /// engine reads nothing ahead and `swap_ra` stays 0.
-    fn readahead_after_swapin(&self, _table: &Arc<FolioTable>, _head: usize, _folio: FolioSize) {}
+    /// A readahead hit: the folio's data is already decompressed (or read) in the
+    /// readahead cache; copy it in and free the pool entry or swap slot (`readahead.rs`).
+    fn fault_ra_hit(&self, table: &Arc<FolioTable>, target: usize, folio: FolioSize, s: State) -> Step {
+        match self.install_readahead(table, target, folio, s) {
+            Some(Ok(())) => {
+                self.now_resident(table, target, folio, s.with(CACHED, false), false, true);
+                Step::SwappedIn { folio, head: target, hit: true }
+            }
+            Some(Err(err)) => self.install_failed(err),
+            None => {
+                // No copy behind the flag: serve it as an ordinary swap-in.
+                let s = table.entry(target).set_locked(s.with(CACHED, false));
+                self.fault_swapin(table, target, folio, s)
+            }
+        }
+    }
 
     fn install_failed(&self, err: InstallError) -> Step {
         match err {

@@ -23,6 +23,11 @@
 //!   SwapCache ── pool refuses / full / compresses poorly: written to the file ──▶ Swapped
 //!   Pool ─────── writeback of the pool's coldest entries (zswpwb) ─────────────▶ Swapped
 //!   Swapped ──── fault: read into staging, checksum verified, MOVE/COPY in ────▶ Resident
+//!
+//!   Readahead (`readahead.rs`):
+//!   Pool/Swapped ── neighbour of a swap-in: decompressed/read into a copy ──▶ same kind + CACHED
+//!   + CACHED ────── fault (readahead hit): COPY the copy in, free the entry ─▶ Resident
+//!   + CACHED ────── copy dropped unused (cache full, DONTNEED, unmap) ──────▶ same kind
 //! ```
 //!
 //! A large folio that finds no contiguous run of slots is written as 4 KiB pieces and
@@ -40,6 +45,10 @@
 //!   every path that would install or evict the folio applies the event first.
 //! - `SPLIT` (head only): the folio is split into order-0 pages.
 //! - `HUGE`: the folio's pages are a PMD-mapped THP (2 MiB folios only).
+//! - `CACHED` (Pool and Swapped only): readahead brought a decompressed copy into the
+//!   swap cache (`readahead.rs`) while the pool entry or swap slot stays: the kernel's
+//!   clean swap-cache folio. A fault installs the copy (a readahead hit) and frees the
+//!   entry; whoever discards the folio drops the copy first.
 //! - a 16-bit generation, bumped on every install, so that the LRU can tell a stale
 //!   entry from the folio's current residency.
 //!
@@ -80,6 +89,8 @@ pub(crate) const PENDING: u32 = 1 << 7;
 pub(crate) const WRITEBACK: u32 = 1 << 8;
 pub(crate) const WANTED: u32 = 1 << 9;
 pub(crate) const HUGE: u32 = 1 << 10;
+/// A Pool or Swapped folio with a decompressed copy in the readahead cache (`readahead.rs`).
+pub(crate) const CACHED: u32 = 1 << 11;
 const GEN_SHIFT: u32 = 16;
 
 /// Flags that others may set while the lock is held by someone else; every locked

@@ -354,11 +354,10 @@ impl Shared {
         }
     }
 
-    /// The counters of a swap-in from `kind`.
-    pub(crate) fn count_swapin(&self, kind: Kind, folio: FolioSize) {
+    /// The counters of a folio brought in from `kind` (by a fault or by readahead).
+    pub(crate) fn count_swapin_io(&self, kind: Kind, folio: FolioSize) {
         let vm = &self.counters.vm;
         let sc = self.counters.size(folio);
-        vm.pgmajfault.inc();
         if kind == Kind::Swapped {
             vm.pswpin.add(folio.pages() as u64);
             sc.swpin.inc();
@@ -451,6 +450,13 @@ impl Shared {
             let current = s.kind() == Kind::Pool && s.gen() == v.gen && (v.order == 0 || !s.has(SPLIT));
             if !current || s.has(PENDING) {
                 e.unlock();
+                continue;
+            }
+            if s.has(crate::folio::CACHED) {
+                // A readahead copy is about to be used (or dropped): writing the entry
+                // back now is likely waste. Look at it again later.
+                e.unlock();
+                self.pool_lru.entries.lock().unwrap().push_back(v);
                 continue;
             }
             let folio = FolioSize::from_order(v.order as u32).expect("valid order");

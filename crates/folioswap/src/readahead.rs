@@ -45,10 +45,19 @@
 //! **Off the fault path** (`ra_async`, default on): the fault installs its own folio and
 //! wakes its thread first; the neighbours are decompressed or read by a helper thread.
 
+use crate::engine::{Shared, ADDRESS_MAP};
+use crate::folio::{Kind, State, CACHED, PENDING, SPLIT};
+use crate::memcg::Component;
+use crate::page_io::SwapHandle;
+use crate::swapfile::io::folio_checksum;
+use crate::region::FolioTable;
 use crate::size::{FolioSize, HUGE_SIZE};
+use crate::staging::{Slot, Staging};
 use crate::stats::{Counter, RegionReadahead};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 /// The readahead window for a miss, from the hits since the last one: the kernel's
 /// `__swapin_nr_pages`, in folios. `adjacent`: the fault is next to the previous one.
@@ -206,6 +215,443 @@ impl RegionRa {
             window: self.state.load().win,
             stride: self.stride().unwrap_or(0),
         }
+    }
+}
+
+/// Eviction clock → the address of the folio evicted at that clock value: the reverse map
+/// that slot-order readahead walks. A ring; entries are hints, checked under the folio lock.
+pub(crate) struct EvictLog {
+    ring: Box<[AtomicU64]>,
+}
+
+const EVICT_LOG_ENTRIES: usize = 1 << 20;
+
+impl EvictLog {
+    fn new() -> EvictLog {
+        EvictLog { ring: (0..EVICT_LOG_ENTRIES).map(|_| AtomicU64::new(0)).collect() }
+    }
+    pub fn record(&self, clock: u32, addr: usize) {
+        self.ring[clock as usize % EVICT_LOG_ENTRIES].store(addr as u64, Ordering::Relaxed);
+    }
+    fn get(&self, clock: u32) -> Option<usize> {
+        let a = self.ring[clock as usize % EVICT_LOG_ENTRIES].load(Ordering::Relaxed);
+        (a != 0).then_some(a as usize)
+    }
+}
+
+/// A readahead copy: a staging slot of the folio's size holding its data.
+struct RaCopy {
+    table: Arc<FolioTable>,
+    slot: Slot,
+    huge: bool,
+    bytes: u64,
+    seq: u64,
+}
+
+type Key = (usize, usize);
+
+fn key(table: &Arc<FolioTable>, head: usize) -> Key {
+    (Arc::as_ptr(table) as usize, head)
+}
+
+#[derive(Default)]
+struct CacheInner {
+    copies: HashMap<Key, RaCopy>,
+    /// Insertion order, oldest first; entries whose copy was used or dropped are stale
+    /// (their seq no longer matches) and skipped.
+    order: VecDeque<(Key, u64)>,
+    bytes: u64,
+    per_order: [u32; 10],
+    next_seq: u64,
+}
+
+/// The readahead copies, by folio. Entries are added and removed only by whoever holds the
+/// folio's lock; the mutex only guards the map itself.
+pub(crate) struct RaCache {
+    inner: Mutex<CacheInner>,
+    max_bytes: u64,
+}
+
+impl RaCache {
+    fn has_room(&self, folio: FolioSize) -> bool {
+        let inner = self.inner.lock().unwrap();
+        inner.bytes + folio.bytes() as u64 <= self.max_bytes
+            && inner.per_order[folio.index()] < Staging::slots_of(folio) / 2
+    }
+    fn insert(&self, table: &Arc<FolioTable>, head: usize, slot: Slot, huge: bool, folio: FolioSize) {
+        let mut inner = self.inner.lock().unwrap();
+        let seq = inner.next_seq;
+        inner.next_seq += 1;
+        let k = key(table, head);
+        inner.copies.insert(k, RaCopy { table: table.clone(), slot, huge, bytes: folio.bytes() as u64, seq });
+        inner.order.push_back((k, seq));
+        inner.bytes += folio.bytes() as u64;
+        inner.per_order[folio.index()] += 1;
+        if inner.order.len() > 4 * inner.copies.len() + 64 {
+            let CacheInner { copies, order, .. } = &mut *inner;
+            order.retain(|(k, seq)| copies.get(k).is_some_and(|c| c.seq == *seq));
+        }
+    }
+    fn slot_of(&self, table: &Arc<FolioTable>, head: usize) -> Option<Slot> {
+        self.inner.lock().unwrap().copies.get(&key(table, head)).map(|c| c.slot)
+    }
+    fn take(&self, table: &Arc<FolioTable>, head: usize, seq: Option<u64>) -> Option<RaCopy> {
+        let mut inner = self.inner.lock().unwrap();
+        let k = key(table, head);
+        if seq.is_some_and(|seq| inner.copies.get(&k).is_none_or(|c| c.seq != seq)) {
+            return None;
+        }
+        let copy = inner.copies.remove(&k)?;
+        inner.bytes -= copy.bytes;
+        let order = (copy.bytes / crate::size::PAGE_SIZE as u64).trailing_zeros() as usize;
+        inner.per_order[order] -= 1;
+        Some(copy)
+    }
+    /// The oldest live copy: its table, head and seq (left in the cache).
+    fn oldest(&self) -> Option<(Arc<FolioTable>, usize, u64)> {
+        let mut inner = self.inner.lock().unwrap();
+        while let Some(&(k, seq)) = inner.order.front() {
+            match inner.copies.get(&k) {
+                Some(c) if c.seq == seq => return Some((c.table.clone(), k.1, seq)),
+                _ => {
+                    inner.order.pop_front();
+                }
+            }
+        }
+        None
+    }
+    pub fn bytes(&self) -> u64 {
+        self.inner.lock().unwrap().bytes
+    }
+}
+
+/// A folio being read ahead: locked, with a charged staging slot for its copy.
+struct Prepared {
+    table: Arc<FolioTable>,
+    head: usize,
+    s: State,
+    handle: u64,
+    slot: Slot,
+    huge: bool,
+    loaded: bool,
+}
+
+/// Neighbours to bring in, found by a fault and read by the helper (or the fault itself).
+struct RaRequest {
+    folios: Vec<(Arc<FolioTable>, usize)>,
+    folio: FolioSize,
+    stride: bool,
+}
+
+/// The engine's readahead: the copies, the slot-order state, the helper's queue.
+pub(crate) struct Readahead {
+    pub cache: RaCache,
+    /// Slot-order readahead's window, global as the kernel's `swapin_readahead_hits`.
+    global: RaState,
+    /// Kept only for slot-order readahead.
+    pub log: Option<EvictLog>,
+    queue: Mutex<VecDeque<RaRequest>>,
+    queued: Condvar,
+}
+
+/// Requests the helper may have waiting; older ones are dropped first (their faults
+/// have moved on).
+const QUEUE_MAX: usize = 64;
+
+impl Readahead {
+    pub fn new(config: &crate::Config) -> Readahead {
+        let on = config.page_cluster > 0;
+        let max_bytes = config.memory_high.map_or(64 << 20, |high| (high / 16).clamp(1 << 20, 64 << 20));
+        Readahead {
+            cache: RaCache { inner: Mutex::default(), max_bytes },
+            global: RaState::default(),
+            log: (on && !config.vma_ra_enabled).then(EvictLog::new),
+            queue: Mutex::new(VecDeque::new()),
+            queued: Condvar::new(),
+        }
+    }
+    pub fn wake_all(&self) {
+        let _q = self.queue.lock().unwrap();
+        self.queued.notify_all();
+    }
+}
+
+/// The readahead helper thread (`ra_async`): reads ahead what faults asked for.
+pub(crate) fn ra_worker(shared: Arc<Shared>) {
+    let ra = &shared.ra;
+    while !shared.stop.load(Ordering::Acquire) {
+        let request = {
+            let mut q = ra.queue.lock().unwrap();
+            loop {
+                if let Some(r) = q.pop_front() {
+                    break Some(r);
+                }
+                if shared.stop.load(Ordering::Acquire) {
+                    break None;
+                }
+                q = ra.queued.wait_timeout(q, Duration::from_millis(200)).unwrap().0;
+            }
+        };
+        if let Some(r) = request {
+            shared.read_ahead(&r);
+        }
+    }
+}
+
+/// Whether a folio in state `s` is worth reading ahead: swapped out, not cached yet, not
+/// about to change, not split.
+fn wants_readahead(s: State, folio: FolioSize) -> bool {
+    matches!(s.kind(), Kind::Pool | Kind::Swapped) && !s.has(CACHED) && !s.has(PENDING) && !(folio.order() > 0 && s.has(SPLIT))
+}
+
+impl Shared {
+    /// After a swap-in fault at `head` (served, unlocked, its thread woken): pick the
+    /// neighbours to read ahead and read them, here or on the helper. `hit`: the fault
+    /// found its folio read ahead.
+    pub(crate) fn readahead_after_fault(&self, table: &Arc<FolioTable>, head: usize, folio: FolioSize, hit: bool) {
+        let cluster = self.config.page_cluster;
+        if cluster == 0 || folio.is_huge() {
+            return;
+        }
+        let max = 1u32 << cluster;
+        let pages = folio.pages();
+        let index = head / pages;
+        let mut stride_used = false;
+        let window: u32;
+        let candidates: Vec<(Arc<FolioTable>, usize)> = if self.config.vma_ra_enabled {
+            let ra = &table.ra;
+            let stride = if self.config.ra_stride { ra.record_fault(index) } else { None };
+            let (win, prev) = if hit { ra.state.seen(index) } else { ra.state.miss(index, max) };
+            window = win;
+            let nr = table.pages / pages;
+            if let Some(d) = stride {
+                stride_used = true;
+                (1..=win.max(2) as i64)
+                    .map(|k| index as i64 + d * k)
+                    .take_while(|&i| i >= 0 && (i as usize) < nr)
+                    .map(|i| (table.clone(), i as usize * pages))
+                    .collect()
+            } else {
+                if win <= 1 {
+                    return;
+                }
+                let (lo, hi) = vma_window(index, prev, win as usize, nr, per_block(folio));
+                (lo..hi).filter(|&i| i != index).map(|i| (table.clone(), i * pages)).collect()
+            }
+        } else {
+            let Some(log) = &self.ra.log else { return };
+            // Slot order: positions on the eviction clock, in folios of this size.
+            let clock = table.entry(head).evicted_at();
+            let pos = (clock as usize / pages) as u32 as usize;
+            let (win, _) = if hit { self.ra.global.seen(pos) } else { self.ra.global.miss(pos, max) };
+            window = win;
+            if win <= 1 {
+                return;
+            }
+            let span = win as usize * pages;
+            let start = (clock as usize) & !(span - 1);
+            (start..start + span)
+                .filter(|&c| c as u32 != clock)
+                .filter_map(|c| log.get(c as u32))
+                .filter_map(|addr| ADDRESS_MAP.lookup(addr))
+                .filter(|(entry, page)| entry.engine.id == self.id && entry.table.folio == folio && *page % pages == 0)
+                .map(|(entry, page)| (entry.table, page))
+                .collect()
+        };
+        let folios: Vec<_> = candidates.into_iter().filter(|(t, h)| wants_readahead(t.entry(*h).load(), folio)).collect();
+        // A hit tops the window up only once half of it is consumed, so that the reads go
+        // out in runs rather than one folio per fault.
+        if folios.is_empty() || (hit && folios.len() * 2 < window as usize) {
+            return;
+        }
+        let request = RaRequest { folios, folio, stride: stride_used };
+        if self.config.ra_async {
+            let mut q = self.ra.queue.lock().unwrap();
+            if q.len() >= QUEUE_MAX {
+                q.pop_front();
+            }
+            q.push_back(request);
+            self.ra.queued.notify_one();
+        } else {
+            self.read_ahead(&request);
+        }
+    }
+
+    /// Read a request's folios ahead: lock and stage each (skipping busy or unsuitable
+    /// ones, never waiting), decompress the pool's, read the file's in slot order with one
+    /// `preadv` per contiguous run, then publish each as CACHED and unlock it.
+    fn read_ahead(&self, r: &RaRequest) {
+        let folio = r.folio;
+        let mut staged: Vec<Prepared> = r.folios.iter().filter_map(|(t, h)| self.prepare_readahead(t, *h, folio)).collect();
+        if staged.is_empty() {
+            return;
+        }
+        for p in staged.iter_mut().filter(|p| p.s.kind() == Kind::Pool) {
+            // SAFETY: we own the slot until it is put back, and nothing else maps it.
+            let dst = unsafe { self.staging.slice_mut(p.slot) };
+            p.loaded = self.load_swapped(Kind::Pool, p.handle, dst).is_ok();
+        }
+        let mut file: Vec<&mut Prepared> = staged.iter_mut().filter(|p| p.s.kind() == Kind::Swapped).collect();
+        if !file.is_empty() {
+            file.sort_by_key(|p| SwapHandle::from_raw(p.handle).slot);
+            let dev = self.swap.as_ref().expect("a Swapped folio implies a swap file");
+            let mut ios: Vec<(u64, &mut [u8])> = file
+                .iter()
+                // SAFETY: as above: each slot is ours alone until put back.
+                .map(|p| (SwapHandle::from_raw(p.handle).slot, unsafe { self.staging.slice_mut(p.slot) }))
+                .collect();
+            let read = dev.io.read_batch(&mut ios);
+            drop(ios);
+            match read {
+                Ok(()) => {
+                    for p in file.iter_mut() {
+                        // SAFETY: as above.
+                        let data = unsafe { self.staging.slice_mut(p.slot) };
+                        p.loaded = folio_checksum(data) == SwapHandle::from_raw(p.handle).checksum;
+                        if !p.loaded {
+                            self.counters.vm.swap_checksum_error.inc();
+                        }
+                    }
+                }
+                // The faults that want these folios will meet the error and report it.
+                Err(_) => self.counters.vm.swap_read_error.inc(),
+            }
+        }
+        for p in staged {
+            let e = p.table.entry(p.head);
+            if !p.loaded {
+                self.staging.put_filled(p.slot, p.huge, &self.memcg);
+                self.memcg.uncharge(Component::SwapCache, folio.bytes() as u64);
+                e.unlock();
+                continue;
+            }
+            self.ra.cache.insert(&p.table, p.head, p.slot, p.huge, folio);
+            e.set_locked(p.s.with(CACHED, true));
+            e.unlock();
+            self.count_swapin_io(p.s.kind(), folio);
+            self.counters.vm.swap_ra.inc();
+            p.table.ra.swap_ra.inc();
+            if r.stride {
+                self.counters.vm.swap_ra_stride.inc();
+            }
+        }
+    }
+
+    /// Lock one swapped-out folio and give it a charged staging slot for its copy; None
+    /// (and nothing held) if it is busy, unsuitable, or there is no room.
+    fn prepare_readahead(&self, table: &Arc<FolioTable>, head: usize, folio: FolioSize) -> Option<Prepared> {
+        if table.dead.load(Ordering::Relaxed) || !self.make_room(folio) {
+            return None;
+        }
+        let bytes = folio.bytes() as u64;
+        let e = table.entry(head);
+        let s = e.try_lock()?;
+        if !wants_readahead(s, folio) {
+            e.unlock();
+            return None;
+        }
+        let pool = self.zswap.pool.footprint_bytes();
+        if self.memcg.above_high(pool) || !self.memcg.try_charge(Component::SwapCache, bytes, pool) {
+            e.unlock();
+            return None;
+        }
+        let Ok(Some((slot, from_reserve, huge))) = self.staging.try_take_filled(folio.order()) else {
+            self.memcg.uncharge(Component::SwapCache, bytes);
+            e.unlock();
+            return None;
+        };
+        if from_reserve {
+            self.memcg.uncharge(Component::StagingFree, bytes);
+        }
+        Some(Prepared { table: table.clone(), head, s, handle: e.handle(), slot, huge, loaded: false })
+    }
+
+    /// Drop the oldest copies until one more of `folio`'s size fits. False if the cache
+    /// is full of copies someone holds (a fault is taking them).
+    fn make_room(&self, folio: FolioSize) -> bool {
+        let mut tries = 8;
+        while !self.ra.cache.has_room(folio) {
+            let Some((table, head, seq)) = self.ra.cache.oldest() else { return false };
+            tries -= 1;
+            if tries == 0 {
+                return false;
+            }
+            let e = table.entry(head);
+            let Some(s) = e.try_lock() else { return false };
+            if s.has(CACHED) {
+                if let Some(copy) = self.ra.cache.take(&table, head, Some(seq)) {
+                    self.release_copy(&copy);
+                    e.set_locked(s.with(CACHED, false));
+                    self.count_waste(&table);
+                }
+            }
+            e.unlock();
+        }
+        true
+    }
+
+    fn release_copy(&self, copy: &RaCopy) {
+        self.staging.put_filled(copy.slot, copy.huge, &self.memcg);
+        self.memcg.uncharge(Component::SwapCache, copy.bytes);
+    }
+
+    fn count_waste(&self, table: &FolioTable) {
+        self.counters.vm.swap_ra_waste.inc();
+        table.ra.swap_ra_waste.inc();
+    }
+
+    /// The folio (locked by the caller) is being discarded or split: drop its readahead
+    /// copy, unused. Its state word loses CACHED; callers writing a state from an older
+    /// snapshot clear it too.
+    pub(crate) fn forget_readahead(&self, table: &Arc<FolioTable>, head: usize) {
+        let e = table.entry(head);
+        let s = e.load();
+        if !s.has(CACHED) {
+            return;
+        }
+        if let Some(copy) = self.ra.cache.take(table, head, None) {
+            self.release_copy(&copy);
+            self.count_waste(table);
+        }
+        e.set_locked(s.with(CACHED, false));
+    }
+
+    /// Memory is short: drop every readahead copy nobody is using. Returns bytes freed.
+    pub(crate) fn drain_readahead(&self) -> u64 {
+        let mut freed = 0;
+        while let Some((table, head, seq)) = self.ra.cache.oldest() {
+            let e = table.entry(head);
+            let Some(s) = e.try_lock() else { break };
+            if let Some(copy) = self.ra.cache.take(&table, head, Some(seq)) {
+                freed += copy.bytes;
+                self.release_copy(&copy);
+                e.set_locked(s.with(CACHED, false));
+                self.count_waste(&table);
+            }
+            e.unlock();
+        }
+        freed
+    }
+
+    /// A fault found its folio (locked by the caller) read ahead: install the copy, then
+    /// free the pool entry or swap slot. `None` if the copy is missing (never expected).
+    pub(crate) fn install_readahead(&self, table: &Arc<FolioTable>, head: usize, folio: FolioSize, s: State) -> Option<Result<(), crate::fault::InstallError>> {
+        let slot = self.ra.cache.slot_of(table, head)?;
+        if let Err(err) = self.install_copy(table, head, folio, self.staging.addr(slot)) {
+            return Some(Err(err));
+        }
+        let copy = self.ra.cache.take(table, head, None).expect("the copy is ours under the folio lock");
+        self.free_swapped(s.kind(), table.entry(head).handle(), folio);
+        self.memcg.transfer(Component::SwapCache, Component::Resident, copy.bytes);
+        self.staging.put_filled(copy.slot, copy.huge, &self.memcg);
+        self.counters.vm.swap_ra_hit.inc();
+        table.ra.swap_ra_hit.inc();
+        if self.config.vma_ra_enabled {
+            table.ra.state.hit();
+        } else {
+            self.ra.global.hit();
+        }
+        Some(Ok(()))
     }
 }
 

@@ -305,10 +305,15 @@ impl Shared {
         self.reclaim.inflight.fetch_add(run.len() as u64, Ordering::AcqRel);
         table.evicting.fetch_add(run.len(), Ordering::AcqRel);
         let mut members = Vec::with_capacity(run.len());
+        let first_addr = self.ra.log.as_ref().and_then(|_| table.folio_addr(head, run.len() * pages));
         for (i, (v, s)) in run.into_iter().enumerate() {
             let e = v.table.entry(v.page);
             let at = Staged { slot, page: (i * pages) as u32 };
-            e.set_evicted_at(clock.wrapping_add((i * pages) as u32));
+            let evicted_at = clock.wrapping_add((i * pages) as u32);
+            e.set_evicted_at(evicted_at);
+            if let (Some(log), Some(addr)) = (&self.ra.log, first_addr) {
+                log.record(evicted_at, addr + i * folio.bytes());
+            }
             e.set_handle(at.to_raw());
             e.set_locked(s.with_kind(Kind::SwapCache).with(WRITEBACK, true));
             self.memcg.transfer(Component::Resident, Component::SwapCache, folio.bytes() as u64);

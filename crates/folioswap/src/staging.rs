@@ -280,6 +280,29 @@ impl Staging {
         }
     }
 
+    /// As `take_filled`, but never waits: None when every slot of this size is out
+    /// (readahead, which is optional, must not hold up faults and evictions).
+    pub fn try_take_filled(&self, order: u32) -> io::Result<Option<(Slot, bool, bool)>> {
+        let area = self.area(order)?;
+        let mut free = area.free.lock().unwrap();
+        if let Some((index, huge)) = free.filled.pop() {
+            area.hand_out(index);
+            self.reserved.fetch_sub(area.slot_bytes as u64, Ordering::Relaxed);
+            return Ok(Some((Slot { order, index }, true, huge)));
+        }
+        let Some(index) = free.holes.pop() else { return Ok(None) };
+        area.hand_out(index);
+        drop(free);
+        let slot = Slot { order, index };
+        let huge = area.slot_bytes == HUGE_SIZE && self.populate_huge(slot)?;
+        Ok(Some((slot, false, huge)))
+    }
+
+    /// Slots of each size: readahead keeps at most half of them.
+    pub fn slots_of(folio: FolioSize) -> u32 {
+        slots_for(folio)
+    }
+
     /// A zero-filled 2 MiB slot for a first touch: a hole populated by the kernel, which
     /// zeroes it. Returns the slot, whether it came from the reserve (whose charge then
     /// passes to the caller) and whether it is a THP.

@@ -247,6 +247,8 @@ pub(crate) struct Counters {
     pub vm: VmCounters,
     pub size: [SizeCounters; 10],
     pub fault_latency: [Histogram; 10],
+    /// Swap-in faults: [0] decompressed or read, [1] served from a readahead copy.
+    pub swapin_latency: [Histogram; 2],
 }
 
 impl Counters {
@@ -278,6 +280,8 @@ pub struct MemoryStat {
     pub resident_bytes: u64,
     /// Folios unmapped but held uncompressed in staging (being compressed, or handed back).
     pub swapcache_bytes: u64,
+    /// Of the swap cache, the copies readahead brought in and no fault has used yet.
+    pub readahead_bytes: u64,
     /// Populated staging kept for reuse by the fault path.
     pub staging_free_bytes: u64,
     /// Memory the compressed pool holds (zswap's pool_total_size).
@@ -319,7 +323,8 @@ pub struct Stats {
     pub swap: Option<SwapStat>,
     /// Per folio size, keyed by the kernel's spelling (`2048kB`); sizes with no activity omitted.
     pub per_size: BTreeMap<String, SizeStat>,
-    /// Fault-service latency per folio size and overall ("all").
+    /// Fault-service latency per folio size, overall ("all"), and for swap-ins that missed
+    /// the readahead cache ("swapin_miss") or hit it ("swapin_ra_hit").
     pub fault_latency: BTreeMap<String, Latency>,
 }
 
@@ -342,6 +347,11 @@ impl Stats {
         }
         if let Some(lat) = Latency::from_counts(&all, sum, max) {
             fault_latency.insert("all".to_string(), lat);
+        }
+        for (name, h) in ["swapin_miss", "swapin_ra_hit"].iter().zip(&counters.swapin_latency) {
+            if let Some(lat) = h.summary() {
+                fault_latency.insert(name.to_string(), lat);
+            }
         }
         Stats { vm: counters.vm.snapshot(), memory, swap, per_size, fault_latency }
     }

@@ -168,6 +168,12 @@ pub trait SwapIo: Send + Sync {
     }
     /// Read the folio at slot `slot` into `dst` (its whole length).
     fn read_at(&self, slot: u64, dst: &mut [u8]) -> io::Result<()>;
+    /// Read several folios in one submission (readahead): entries that continue each other
+    /// on disk (in the order given) come in with one `preadv`. On error the contents of
+    /// every buffer are undefined.
+    fn read_batch(&self, ios: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        ios.iter_mut().try_for_each(|(slot, dst)| self.read_at(*slot, dst))
+    }
     /// Slots in the file.
     fn slots(&self) -> u64;
     /// Whether reads and writes bypass the page cache (O_DIRECT).
@@ -447,6 +453,38 @@ impl SwapFile {
     }
 }
 
+impl SwapFile {
+    fn read_batch_inner(&self, ios: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        let mut i = 0;
+        while i < ios.len() {
+            let slot = ios[i].0;
+            if self.needs_bounce(ios[i].1) {
+                let (slot, dst) = &mut ios[i];
+                let mut bounce = AlignedBuf::zeroed(dst.len());
+                pread_all(self.raw(), &mut bounce, *slot * SLOT_SIZE)?;
+                dst.copy_from_slice(&bounce);
+                i += 1;
+                continue;
+            }
+            let mut next = slot + ios[i].1.len() as u64 / SLOT_SIZE;
+            let mut j = i + 1;
+            while j < ios.len() && j - i < IOV_MAX && ios[j].0 == next && !self.needs_bounce(ios[j].1) {
+                next += ios[j].1.len() as u64 / SLOT_SIZE;
+                j += 1;
+            }
+            let off = slot * SLOT_SIZE;
+            let mut iovs: Vec<libc::iovec> = ios[i..j]
+                .iter_mut()
+                .map(|(_, d)| libc::iovec { iov_base: d.as_mut_ptr() as *mut libc::c_void, iov_len: d.len() })
+                .collect();
+            preadv_all(self.raw(), &mut iovs, off)?;
+            self.drop_cache(off, ((next - slot) * SLOT_SIZE) as usize);
+            i = j;
+        }
+        Ok(())
+    }
+}
+
 impl SwapIo for SwapFile {
     fn write_at(&self, slot: u64, data: &[u8]) -> io::Result<()> {
         let off = self.offset(slot, data.len())?;
@@ -485,6 +523,21 @@ impl SwapIo for SwapFile {
             self.drop_cache(off, dst.len());
         }
         self.account(false, 1, dst.len() as u64, start, r.is_ok());
+        r
+    }
+
+    fn read_batch(&self, ios: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        let mut bytes = 0u64;
+        for (slot, dst) in ios.iter() {
+            self.offset(*slot, dst.len())?;
+            bytes += dst.len() as u64;
+        }
+        if ios.is_empty() {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let r = self.read_batch_inner(ios);
+        self.account(false, ios.len() as u64, bytes, start, r.is_ok());
         r
     }
 
@@ -667,6 +720,46 @@ fn pwritev_all(fd: RawFd, iovs: &mut [libc::iovec], mut off: u64) -> io::Result<
             }
         }
         // Skip iovecs that were empty to begin with.
+        while first < iovs.len() && iovs[first].iov_len == 0 {
+            first += 1;
+        }
+    }
+    Ok(())
+}
+
+/// `preadv` every byte the iovecs describe from `off`, through short reads and EINTR.
+fn preadv_all(fd: RawFd, iovs: &mut [libc::iovec], mut off: u64) -> io::Result<()> {
+    let mut first = 0;
+    while first < iovs.len() {
+        let rest = &iovs[first..];
+        // SAFETY: every iovec points into a writable slice the caller borrows for this
+        // whole call (advanced only within it below).
+        let n = unsafe { libc::preadv(fd, rest.as_ptr(), rest.len() as libc::c_int, off as libc::off_t) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            let msg = format!("the swap file ends at byte {off}: it was truncated behind folioswap's back");
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, msg));
+        }
+        let mut n = n as usize;
+        off += n as u64;
+        while n > 0 {
+            let iov = &mut iovs[first];
+            if n >= iov.iov_len {
+                n -= iov.iov_len;
+                first += 1;
+            } else {
+                // SAFETY: n < iov_len, so the advanced pointer stays inside the same slice.
+                iov.iov_base = unsafe { (iov.iov_base as *mut u8).add(n) } as *mut libc::c_void;
+                iov.iov_len -= n;
+                n = 0;
+            }
+        }
         while first < iovs.len() && iovs[first].iov_len == 0 {
             first += 1;
         }
@@ -864,6 +957,15 @@ impl<I: SwapIo> SwapIo for FaultInjector<I> {
         }
     }
 
+    fn read_batch(&self, ios: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        for (slot, dst) in ios.iter() {
+            if let Some(e) = self.fault(false, *slot, dst.len()) {
+                return Err(e);
+            }
+        }
+        self.inner.read_batch(ios)
+    }
+
     fn slots(&self) -> u64 {
         self.inner.slots()
     }
@@ -1053,6 +1155,36 @@ mod tests {
             assert_eq!(st.write_latency.map(|l| l.count), Some(1), "a batch is one latency sample");
             // A batch with one bad entry writes nothing and says why.
             let bad = file.write_batch(&[(0, &bufs[0][..]), (FILE / SLOT_SIZE, &bufs[1][..])]).unwrap_err();
+            assert_eq!(bad.kind(), io::ErrorKind::InvalidInput, "{bad}");
+        }
+    }
+
+    #[test]
+    fn read_batch_contiguous_and_scattered_runs() {
+        let dir = TestDir::new("/var/tmp", "rbatch");
+        for mode in [DirectIo::Auto, DirectIo::Off] {
+            let file = SwapFile::create_with(&dir.0, FILE, mode).unwrap();
+            let layout: [(u64, usize); 7] = [(10, K4), (11, K4), (12, K4), (100, K64), (116, K64), (5, K4), (40, K4)];
+            for &(slot, len) in &layout {
+                file.write_at(slot, &pattern(slot + 7, len)).unwrap();
+            }
+            let mut bufs: Vec<AlignedBuf> = layout.iter().map(|&(_, len)| AlignedBuf::zeroed(len)).collect();
+            // One unaligned buffer takes the bounce path inside a batch.
+            let mut odd = vec![0u8; K4 + 1];
+            {
+                let mut ios: Vec<(u64, &mut [u8])> = layout.iter().zip(bufs.iter_mut()).map(|(&(slot, _), b)| (slot, &mut b[..])).collect();
+                ios.push((40, &mut odd[1..]));
+                file.read_batch(&mut ios).unwrap();
+            }
+            for (&(slot, _), buf) in layout.iter().zip(&bufs) {
+                assert_same(slot, buf, &pattern(slot + 7, buf.len()));
+            }
+            assert_same(40, &odd[1..], &pattern(47, K4));
+            let st = file.stats();
+            assert_eq!(st.reads, 8, "{st:?}");
+            assert_eq!(st.read_latency.map(|l| l.count), Some(1), "a batch is one latency sample");
+            let mut far = AlignedBuf::zeroed(K4);
+            let bad = file.read_batch(&mut [(FILE / SLOT_SIZE, &mut far[..])]).unwrap_err();
             assert_eq!(bad.kind(), io::ErrorKind::InvalidInput, "{bad}");
         }
     }
