@@ -15,6 +15,10 @@
 //! so most evicted data goes through the file: written straight there, or written back
 //! from the full pool.
 //!
+//! Now and then a thread sweeps its cells of a few folios in address order, so swap-ins
+//! come in sequence and readahead (on by default) brings folios in ahead of the faults,
+//! racing the other threads' writes, discards and unmaps.
+//!
 //! FOLIOSWAP_STRESS_OPS sets the operations per thread (default 12000).
 
 use folioswap::{Config, Engine, FaultMode, FolioSize, Region, RegionOptions};
@@ -207,7 +211,17 @@ fn stress(mode: FaultMode, compressor: &str, split: bool, swap_file: bool) {
                             let _g = t.lock.read().unwrap();
                             write_cell(t, r, own);
                         }
-                        601..=850 => {
+                        601..=615 => {
+                            // A sequential sweep over this thread's cells of a few folios:
+                            // swap-ins in address order, which readahead follows.
+                            let _g = t.lock.read().unwrap();
+                            let span = (8 * folio_cells).min(cells);
+                            let start = own - own % folio_cells;
+                            for c in (start..(start + span).min(cells)).filter(|c| c % THREADS == tid) {
+                                check_cell(t, r, c).map_err(|e| format!("op {op} sweep: {e}"))?;
+                            }
+                        }
+                        616..=850 => {
                             let _g = t.lock.read().unwrap();
                             check_cell(t, r, own).map_err(|e| format!("op {op}: {e}"))?;
                         }
@@ -239,7 +253,7 @@ fn stress(mode: FaultMode, compressor: &str, split: bool, swap_file: bool) {
     }
     let stats = engine.stats();
     eprintln!(
-        "{mode:?}/{compressor}/split={split}/swap_file={swap_file}: {checked} cells checked; zswpout {} zswpin {} pswpout {} pswpin {} zswpwb {} fallback {} uffd_remove {} uffd_unmap {} split {} fault_raced {} same_filled {} raw {}",
+        "{mode:?}/{compressor}/split={split}/swap_file={swap_file}: {checked} cells checked; zswpout {} zswpin {} pswpout {} pswpin {} zswpwb {} fallback {} uffd_remove {} uffd_unmap {} split {} fault_raced {} same_filled {} raw {} swap_ra {} swap_ra_hit {}",
         stats.vm.zswpout,
         stats.vm.zswpin,
         stats.vm.pswpout,
@@ -252,10 +266,14 @@ fn stress(mode: FaultMode, compressor: &str, split: bool, swap_file: bool) {
         stats.vm.fault_raced,
         stats.vm.zswap_same_filled,
         stats.vm.zswap_stored_raw,
+        stats.vm.swap_ra,
+        stats.vm.swap_ra_hit,
     );
     assert!(failures.is_empty(), "{} failures, first: {}", failures.len(), failures[0]);
     assert!(stats.vm.zswpout > 0 && stats.vm.zswpin > 0, "the test must swap: {:?}", stats.vm);
     assert!(stats.vm.uffd_remove > 0 && stats.vm.uffd_unmap > 0, "the test must discard and unmap");
+    // Readahead is on by default (VMA, page_cluster 3, on the helper); the sweeps feed it.
+    assert!(stats.vm.swap_ra > 0 && stats.vm.swap_ra_hit > 0, "readahead must run and hit: {:?}", stats.vm);
     if swap_file {
         assert!(stats.vm.pswpout > 0 && stats.vm.pswpin > 0, "the test must use the swap file: {:?}", stats.vm);
         assert!(stats.vm.zswpwb > 0, "the full pool must write back: {:?}", stats.vm);
