@@ -1,8 +1,9 @@
 //! `folioswap bench readahead`: seed 002's combined workload, one mode after another.
 //!
-//! Per mode, a fresh engine under `--limit` maps SEQ (larger than the limit) and RAND.
-//! Phase 1, not measured, fills both once, which swaps most of them out. Phase 2 runs for
-//! `--duration` seconds: sequential threads each walk a contiguous share of SEQ in rounds,
+//! Per mode, a fresh engine under `--limit` maps SEQ (larger than the limit, one region per
+//! sequential thread, as usemem's processes each map their own) and RAND. Phase 1, not
+//! measured, fills both once, which swaps most of them out. Phase 2 runs for `--duration`
+//! seconds: sequential threads each walk their SEQ region in rounds,
 //! folio by folio in address order (or along `--stride`), timing their first access to each
 //! folio (the one that faults), then checking the folio still holds the previous round's
 //! pattern and writing this round's; beside them random threads rewrite random 4 KiB pages
@@ -178,11 +179,6 @@ struct Ctx<'a> {
     stop: &'a AtomicBool,
     folio_words: usize,
     stride: usize,
-}
-
-/// Part `i` of `0..n` cut into `parts` contiguous shares.
-fn share(n: usize, parts: usize, i: usize) -> Range<usize> {
-    n * i / parts..n * (i + 1) / parts
 }
 
 /// One round's folio order: k, k+K, k+2K … for each start k in 0..K; each folio once.
@@ -366,9 +362,16 @@ fn run_mode(args: &ReadaheadArgs, mode: Mode, config: Config) -> Result<ModeRepo
     let map = |on: bool, size: u64| -> Result<Option<Region>, String> {
         on.then(|| engine.map(size as usize, RegionOptions::default().folio(folio))).transpose().map_err(|e| e.to_string())
     };
-    let seq = map(args.workload != Workload::Random, args.seq_size)?;
+    // One SEQ region per sequential thread, as usemem's processes each map their own:
+    // readahead state is per region (per VMA), and one stream per VMA is what the seed ran.
+    let seq: Vec<Region> = if args.workload != Workload::Random {
+        let each = (args.seq_size / args.seq_threads as u64).next_multiple_of(folio.bytes() as u64);
+        (0..args.seq_threads).map(|_| map(true, each).map(|r| r.expect("mapped"))).collect::<Result<_, _>>()?
+    } else {
+        Vec::new()
+    };
     let rand = map(args.workload != Workload::Sequential, args.rand_size)?;
-    let seq_threads = if seq.is_some() { args.seq_threads } else { 0 };
+    let seq_threads = seq.len();
     let rand_threads = if rand.is_some() { args.rand_threads } else { 0 };
     let (barrier, stop) = (Barrier::new(seq_threads + rand_threads + 1), AtomicBool::new(false));
     let ctx = &Ctx { barrier: &barrier, stop: &stop, folio_words: folio.bytes() / 8, stride: args.stride };
@@ -376,11 +379,7 @@ fn run_mode(args: &ReadaheadArgs, mode: Mode, config: Config) -> Result<ModeRepo
     eprintln!("readahead [{}]: filling, then measuring for {} s", mode.name(), args.duration);
     let fill_start = Instant::now();
     let (seq_done, rand_done, fill, measured) = std::thread::scope(|s| {
-        let seq_handles: Vec<_> = seq
-            .iter()
-            .flat_map(|r| (0..seq_threads).map(move |t| (r, t)))
-            .map(|(r, t)| s.spawn(move || seq_worker(r, share(r.len() / folio.bytes(), seq_threads, t), ctx)))
-            .collect();
+        let seq_handles: Vec<_> = seq.iter().map(|r| s.spawn(move || seq_worker(r, 0..r.len() / folio.bytes(), ctx))).collect();
         let rand_handles: Vec<_> = rand
             .iter()
             .flat_map(|r| (0..rand_threads).map(move |t| (r, t)))
@@ -402,7 +401,15 @@ fn run_mode(args: &ReadaheadArgs, mode: Mode, config: Config) -> Result<ModeRepo
         (seq_done, rand_done, fill, measured)
     });
     let stats = engine.stats();
-    let region = seq.as_ref().map(|r| r.readahead_stats());
+    let region = (!seq.is_empty()).then(|| {
+        seq.iter().map(|r| r.readahead_stats()).fold(RegionReadahead::default(), |a, b| RegionReadahead {
+            swap_ra: a.swap_ra + b.swap_ra,
+            swap_ra_hit: a.swap_ra_hit + b.swap_ra_hit,
+            swap_ra_waste: a.swap_ra_waste + b.swap_ra_waste,
+            window: a.window.max(b.window),
+            stride: if a.stride != 0 { a.stride } else { b.stride },
+        })
+    });
     let rand_region = rand.as_ref().map(|r| r.readahead_stats());
     drop((seq, rand, engine));
 
@@ -610,15 +617,5 @@ mod tests {
         assert_eq!((done.bad[0].region, done.bad[0].offset), ("rand", (512 + 7) * 8));
         done.check_and_write(&mut words, RAND_ID, 512, 5, 6);
         assert_eq!(done.mismatches, 1);
-    }
-
-    #[test]
-    fn shares_cover_the_region() {
-        for (n, parts) in [(10, 3), (7, 7), (1000, 2)] {
-            let ranges: Vec<_> = (0..parts).map(|i| share(n, parts, i)).collect();
-            assert_eq!(ranges[0].start, 0);
-            assert_eq!(ranges[parts - 1].end, n);
-            assert!(ranges.windows(2).all(|w| w[0].end == w[1].start && !w[0].is_empty()));
-        }
     }
 }

@@ -298,7 +298,7 @@ impl RaCache {
     fn take(&self, table: &Arc<FolioTable>, head: usize, seq: Option<u64>) -> Option<RaCopy> {
         let mut inner = self.inner.lock().unwrap();
         let k = key(table, head);
-        if seq.is_some_and(|seq| inner.copies.get(&k).is_none_or(|c| c.seq != seq)) {
+        if seq.is_some_and(|seq| inner.copies.get(&k).map(|c| c.seq) != Some(seq)) {
             return None;
         }
         let copy = inner.copies.remove(&k)?;
@@ -401,7 +401,8 @@ pub(crate) fn ra_worker(shared: Arc<Shared>) {
 /// Whether a folio in state `s` is worth reading ahead: swapped out, not cached yet, not
 /// about to change, not split.
 fn wants_readahead(s: State, folio: FolioSize) -> bool {
-    matches!(s.kind(), Kind::Pool | Kind::Swapped) && !s.has(CACHED) && !s.has(PENDING) && !(folio.order() > 0 && s.has(SPLIT))
+    let split = folio.order() > 0 && s.has(SPLIT);
+    matches!(s.kind(), Kind::Pool | Kind::Swapped) && !s.has(CACHED) && !s.has(PENDING) && !split
 }
 
 impl Shared {
@@ -550,10 +551,15 @@ impl Shared {
             e.unlock();
             return None;
         }
+        // Within memory_high, as any allocation; past the high watermark the reclaimers
+        // are woken to make room, as after a fault's charge.
         let pool = self.zswap.pool.footprint_bytes();
-        if self.memcg.above_high(pool) || !self.memcg.try_charge(Component::SwapCache, bytes, pool) {
+        if !self.memcg.try_charge(Component::SwapCache, bytes, pool) {
             e.unlock();
             return None;
+        }
+        if self.memcg.above_high(pool) {
+            self.reclaim.wake_one();
         }
         let Ok(Some((slot, from_reserve, huge))) = self.staging.try_take_filled(folio.order()) else {
             self.memcg.uncharge(Component::SwapCache, bytes);

@@ -102,7 +102,7 @@ fn run(config: Config, label: &str) {
         .map(|tid| {
             let regions = regions.clone();
             std::thread::spawn(move || -> Result<(), String> {
-                let mut rng = Rng(0x5EED ^ (tid as u64 + 1) * 0x9E37_79B9);
+                let mut rng = Rng(0x5EED ^ ((tid as u64 + 1) * 0x9E37_79B9));
                 for op in 0..1500 {
                     let r = rng.below(regions.len());
                     let t = &regions[r];
