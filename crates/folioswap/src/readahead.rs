@@ -583,43 +583,40 @@ impl Shared {
                 return false;
             }
             let e = table.entry(head);
-            let Some(s) = e.try_lock() else { return false };
-            if s.has(CACHED) {
-                if let Some(copy) = self.ra.cache.take(&table, head, Some(seq)) {
-                    self.release_copy(&copy);
-                    e.set_locked(s.with(CACHED, false));
-                    self.count_waste(&table);
-                }
+            if e.try_lock().is_none() {
+                return false;
             }
+            self.drop_copy_locked(&table, head, Some(seq));
             e.unlock();
         }
         true
     }
 
-    fn release_copy(&self, copy: &RaCopy) {
+    /// Drop the folio's (locked by the caller) readahead copy unused, if it has one (of
+    /// insertion `seq`, when given): release its slot and charge, clear CACHED, count the
+    /// waste. Returns the bytes freed.
+    fn drop_copy_locked(&self, table: &Arc<FolioTable>, head: usize, seq: Option<u64>) -> u64 {
+        let e = table.entry(head);
+        let s = e.load();
+        if !s.has(CACHED) {
+            return 0;
+        }
+        let Some(copy) = self.ra.cache.take(table, head, seq) else { return 0 };
         self.staging.put_filled(copy.slot, copy.huge, &self.memcg);
         self.memcg.uncharge(Component::SwapCache, copy.bytes);
-    }
-
-    fn count_waste(&self, table: &FolioTable) {
+        e.set_locked(s.with(CACHED, false));
         self.counters.vm.swap_ra_waste.inc();
         table.ra.swap_ra_waste.inc();
+        copy.bytes
     }
 
     /// The folio (locked by the caller) is being discarded or split: drop its readahead
     /// copy, unused. Its state word loses CACHED; callers writing a state from an older
     /// snapshot clear it too.
     pub(crate) fn forget_readahead(&self, table: &Arc<FolioTable>, head: usize) {
-        let e = table.entry(head);
-        let s = e.load();
-        if !s.has(CACHED) {
-            return;
-        }
-        if let Some(copy) = self.ra.cache.take(table, head, None) {
-            self.release_copy(&copy);
-            self.count_waste(table);
-        }
-        e.set_locked(s.with(CACHED, false));
+        self.drop_copy_locked(table, head, None);
+        // A flag with no copy behind it (never expected) goes too.
+        table.entry(head).clear_locked(CACHED);
     }
 
     /// Memory is short: drop every readahead copy nobody is using. Returns bytes freed.
@@ -627,13 +624,10 @@ impl Shared {
         let mut freed = 0;
         while let Some((table, head, seq)) = self.ra.cache.oldest() {
             let e = table.entry(head);
-            let Some(s) = e.try_lock() else { break };
-            if let Some(copy) = self.ra.cache.take(&table, head, Some(seq)) {
-                freed += copy.bytes;
-                self.release_copy(&copy);
-                e.set_locked(s.with(CACHED, false));
-                self.count_waste(&table);
+            if e.try_lock().is_none() {
+                break;
             }
+            freed += self.drop_copy_locked(&table, head, Some(seq));
             e.unlock();
         }
         freed

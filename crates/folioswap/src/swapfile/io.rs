@@ -687,13 +687,30 @@ fn pwrite_all(fd: RawFd, data: &[u8], off: u64) -> io::Result<()> {
 
 /// `pwritev` every byte the iovecs describe at `off`, through short writes and EINTR. The
 /// iovecs are consumed (advanced) as bytes go out.
-fn pwritev_all(fd: RawFd, iovs: &mut [libc::iovec], mut off: u64) -> io::Result<()> {
+fn pwritev_all(fd: RawFd, iovs: &mut [libc::iovec], off: u64) -> io::Result<()> {
+    vectored_all(fd, iovs, off, true)
+}
+
+/// `preadv` every byte the iovecs describe from `off`, through short reads and EINTR.
+fn preadv_all(fd: RawFd, iovs: &mut [libc::iovec], off: u64) -> io::Result<()> {
+    vectored_all(fd, iovs, off, false)
+}
+
+/// The loop under `pwritev_all` and `preadv_all`: issue the call for what is left,
+/// advancing the iovecs past what each call moved.
+fn vectored_all(fd: RawFd, iovs: &mut [libc::iovec], mut off: u64, write: bool) -> io::Result<()> {
     let mut first = 0;
     while first < iovs.len() {
         let rest = &iovs[first..];
         // SAFETY: every iovec points into a slice the caller borrows for this whole call
-        // (advanced only within it below), and the kernel only reads from them.
-        let n = unsafe { libc::pwritev(fd, rest.as_ptr(), rest.len() as libc::c_int, off as libc::off_t) };
+        // (advanced only within it below): writable for preadv, read only by pwritev.
+        let n = unsafe {
+            if write {
+                libc::pwritev(fd, rest.as_ptr(), rest.len() as libc::c_int, off as libc::off_t)
+            } else {
+                libc::preadv(fd, rest.as_ptr(), rest.len() as libc::c_int, off as libc::off_t)
+            }
+        };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -702,8 +719,12 @@ fn pwritev_all(fd: RawFd, iovs: &mut [libc::iovec], mut off: u64) -> io::Result<
             return Err(e);
         }
         if n == 0 {
-            let msg = format!("the swap file took no bytes at offset {off}");
-            return Err(io::Error::new(io::ErrorKind::WriteZero, msg));
+            return Err(if write {
+                io::Error::new(io::ErrorKind::WriteZero, format!("the swap file took no bytes at offset {off}"))
+            } else {
+                let msg = format!("the swap file ends at byte {off}: it was truncated behind folioswap's back");
+                io::Error::new(io::ErrorKind::UnexpectedEof, msg)
+            });
         }
         let mut n = n as usize;
         off += n as u64;
@@ -727,45 +748,6 @@ fn pwritev_all(fd: RawFd, iovs: &mut [libc::iovec], mut off: u64) -> io::Result<
     Ok(())
 }
 
-/// `preadv` every byte the iovecs describe from `off`, through short reads and EINTR.
-fn preadv_all(fd: RawFd, iovs: &mut [libc::iovec], mut off: u64) -> io::Result<()> {
-    let mut first = 0;
-    while first < iovs.len() {
-        let rest = &iovs[first..];
-        // SAFETY: every iovec points into a writable slice the caller borrows for this
-        // whole call (advanced only within it below).
-        let n = unsafe { libc::preadv(fd, rest.as_ptr(), rest.len() as libc::c_int, off as libc::off_t) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            let msg = format!("the swap file ends at byte {off}: it was truncated behind folioswap's back");
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, msg));
-        }
-        let mut n = n as usize;
-        off += n as u64;
-        while n > 0 {
-            let iov = &mut iovs[first];
-            if n >= iov.iov_len {
-                n -= iov.iov_len;
-                first += 1;
-            } else {
-                // SAFETY: n < iov_len, so the advanced pointer stays inside the same slice.
-                iov.iov_base = unsafe { (iov.iov_base as *mut u8).add(n) } as *mut libc::c_void;
-                iov.iov_len -= n;
-                n = 0;
-            }
-        }
-        while first < iovs.len() && iovs[first].iov_len == 0 {
-            first += 1;
-        }
-    }
-    Ok(())
-}
 
 /// `pread` all of `dst` from `off`, through short reads and EINTR; the end of the file
 /// before `dst` is full is an `UnexpectedEof` error.
