@@ -218,6 +218,9 @@ pub struct Config {
     pub ra_stride: bool,
     /// Readahead on a helper thread: the faulting thread waits only for its own folio.
     pub ra_async: bool,
+    /// Share `memory_high` with every process that names the same file here (as the
+    /// processes of one cgroup share its memory.high); `folioswap run` sets it.
+    pub shared_limit: Option<PathBuf>,
 }
 
 fn serialize_display<T: fmt::Display, S: serde::Serializer>(v: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -245,6 +248,7 @@ impl Default for Config {
             page_cluster: 3,
             ra_stride: false,
             ra_async: true,
+            shared_limit: None,
         }
     }
 }
@@ -269,6 +273,16 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FOLIOSWAP_PAGE_CLUSTER", "a window of 2^N folios, N from 0 (no readahead) to 9"),
     ("FOLIOSWAP_RA_STRIDE", "1/0, true/false, yes/no or on/off"),
     ("FOLIOSWAP_RA_ASYNC", "1/0, true/false, yes/no or on/off"),
+    ("FOLIOSWAP_SHARED_LIMIT", "the path of a file through which processes share memory_high"),
+];
+
+/// Variables of libfolioswap.so (the preloaded library), not of the engine: `from_env`
+/// leaves them alone.
+pub const PRELOAD_VARS: &[(&str, &str)] = &[
+    ("FOLIOSWAP_THRESHOLD", "a size like 1M: malloc blocks and mmaps at least this large are managed"),
+    ("FOLIOSWAP_FALLBACK", "1/0: run unmanaged (with a warning) when the engine cannot start"),
+    ("FOLIOSWAP_INTERPOSE", "1/0: manage the program's malloc and mmap (default: on when preloaded)"),
+    ("FOLIOSWAP_STATS_DIR", "a directory each process writes its counters to at exit (stats-PID.json)"),
 ];
 
 fn accepted(var: &str) -> &'static str {
@@ -302,7 +316,7 @@ impl Config {
     pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Config> {
         let mut config = Config::default();
         for (name, value) in vars {
-            if !name.starts_with("FOLIOSWAP_") {
+            if !name.starts_with("FOLIOSWAP_") || PRELOAD_VARS.iter().any(|(n, _)| *n == name) {
                 continue;
             }
             config = config.set(&name, &value)?;
@@ -337,6 +351,7 @@ impl Config {
             "FOLIOSWAP_PAGE_CLUSTER" => self.parse_page_cluster(var, value)?,
             "FOLIOSWAP_RA_STRIDE" => self.ra_stride(parse_bool(var, value)?),
             "FOLIOSWAP_RA_ASYNC" => self.ra_async(parse_bool(var, value)?),
+            "FOLIOSWAP_SHARED_LIMIT" => self.shared_limit(value),
             _ => {
                 let known: Vec<&str> = ENV_VARS.iter().map(|(n, _)| *n).collect();
                 return Err(Error::config(var, value, format!("a known variable: {}", known.join(", "))));
@@ -498,6 +513,10 @@ impl Config {
     }
     pub fn ra_stride(mut self, on: bool) -> Config {
         self.ra_stride = on;
+        self
+    }
+    pub fn shared_limit(mut self, path: impl Into<PathBuf>) -> Config {
+        self.shared_limit = Some(path.into());
         self
     }
     pub fn ra_async(mut self, on: bool) -> Config {

@@ -129,6 +129,10 @@ impl Engine {
         let reserve = config.memory_high.map(|m| (m / 32).clamp(4 << 20, 32 << 20)).unwrap_or(32 << 20);
         let staging = Staging::new(staging_uffd, reserve as usize).map_err(|e| Error::sys("opening /proc/self/pagemap", e))?;
         let max_pool = config.max_pool.resolve(physical_memory());
+        let mut memcg = MemCg::new(config.memory_high, config.charge_pool);
+        if let Some(path) = &config.shared_limit {
+            memcg = memcg.with_shared(path).map_err(|e| Error::sys(format!("sharing memory_high through {}", path.display()), e))?;
+        }
         // SAFETY: eventfd(2) with flags only; returns a new descriptor or -1.
         let kick = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if kick < 0 {
@@ -141,7 +145,7 @@ impl Engine {
             zswap: Zswap::new(config.compressor, max_pool),
             pool_lru: Default::default(),
             swap: io.map(|io| SwapDevice::new(io, config.slot_cache)),
-            memcg: MemCg::new(config.memory_high, config.charge_pool),
+            memcg,
             lru: Lru::default(),
             reclaim: ReclaimCtl::default(),
             counters: Counters::default(),
@@ -195,7 +199,6 @@ impl Engine {
         &self.shared.config
     }
 
-    #[cfg(test)]
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
@@ -215,15 +218,15 @@ impl Engine {
         let addr = crate::region::map_aligned(len, folio.bytes().max(PAGE_SIZE)).map_err(|errno| Error::Map { len, errno })?;
         let unmap = || {
             // SAFETY: the mapping was created above and handed to nobody.
-            unsafe { libc::munmap(addr as *mut libc::c_void, len) };
+            unsafe { crate::sys::munmap(addr as *mut libc::c_void, len) };
         };
         let advice = if folio.is_huge() { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
-        // SAFETY: advice on the fresh mapping only changes paging policy. DONTFORK: a child
-        // would inherit neither the engine nor the swapped-out data, so it must not see a
-        // half of this memory (fork support comes with `folioswap run`).
+        // SAFETY: advice on the fresh mapping only changes paging policy. DONTFORK unless
+        // asked otherwise: a child inherits neither the engine nor the swapped-out data,
+        // so without `prepare_fork` it would see a half of this memory (`fork.rs`).
         let advised = unsafe {
-            libc::madvise(addr as *mut libc::c_void, len, advice) == 0
-                && libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTFORK) == 0
+            crate::sys::madvise(addr as *mut libc::c_void, len, advice) == 0
+                && (options.keep_on_fork || crate::sys::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTFORK) == 0)
         };
         if !advised {
             let e = std::io::Error::last_os_error();
@@ -231,7 +234,10 @@ impl Engine {
             return Err(Error::sys("madvise on a new region", e));
         }
         let table = match FolioTable::new(folio, len / PAGE_SIZE, addr) {
-            Ok(t) => Arc::new(t),
+            Ok(mut t) => {
+                t.keep_on_fork = options.keep_on_fork;
+                Arc::new(t)
+            }
             Err(errno) => {
                 unmap();
                 return Err(Error::Map { len, errno });
@@ -254,6 +260,14 @@ impl Engine {
     pub fn stats(&self) -> Stats {
         self.shared.stats()
     }
+
+    /// Give this process's share of a shared limit (`shared_limit`) back, for good: at
+    /// exit, so that the processes still running need not wait for it to be noticed dead.
+    pub fn leave_shared_limit(&self) {
+        if let Some(shared) = self.shared.memcg.shared() {
+            shared.detach();
+        }
+    }
 }
 
 impl Shared {
@@ -273,6 +287,7 @@ impl Shared {
             max_pool_bytes: pool.cap(),
             managed_bytes: self.managed_bytes.load(Ordering::Relaxed),
             regions: self.regions.load(Ordering::Relaxed),
+            shared_charged_bytes: self.memcg.shared().map(|s| s.total().load(Ordering::Relaxed)),
         };
         Stats::collect(&self.counters, memory, self.swap.as_ref().map(SwapDevice::stat))
     }
@@ -289,7 +304,10 @@ impl Shared {
     /// pass memory_high. Fails only when nothing can be evicted or stored and no reclaim is
     /// in flight: the pool is full and there is no swap file.
     pub fn reserve(&self, bytes: u64) -> std::result::Result<(), String> {
+        /// Milliseconds a fault waits for other processes sharing the limit to reclaim.
+        const SHARED_WAIT: u32 = 200;
         let mut stalled = false;
+        let mut waited = 0;
         loop {
             let pool = self.zswap.pool.footprint_bytes();
             if self.memcg.try_charge(Component::Resident, bytes, pool) {
@@ -311,6 +329,21 @@ impl Shared {
             }
             if self.staging.drain_reserve(&self.memcg) > 0 || self.drain_readahead() > 0 {
                 continue;
+            }
+            if let Some(shared) = self.memcg.shared() {
+                // Nothing of ours to reclaim: the other processes sharing the limit must
+                // make room. Give them time, then go past the limit rather than fail.
+                let pool_stuck = self.reclaim.pool_is_full() && self.swap.is_none();
+                if !pool_stuck && shared.reap_dead() == 0 && waited < SHARED_WAIT {
+                    waited += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                    continue;
+                }
+                if !pool_stuck {
+                    self.counters.vm.memory_high_overrun.inc();
+                    self.memcg.charge(Component::Resident, bytes);
+                    return Ok(());
+                }
             }
             return Err(self.oom_reason());
         }
@@ -385,7 +418,7 @@ impl Shared {
             let _ = self.uffd.unregister(p.addr, len);
             // SAFETY: the piece is a mapping this region owns; it left the address map
             // under the gate, so no ioctl of the engine targets it any more.
-            unsafe { libc::munmap(p.addr as *mut libc::c_void, len) };
+            unsafe { crate::sys::munmap(p.addr as *mut libc::c_void, len) };
         }
         let folio = table.folio;
         let mut head = 0;

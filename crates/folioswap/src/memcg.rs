@@ -8,8 +8,17 @@
 //!
 //! Watermarks follow kswapd: background reclaim starts above `high_wmark` and stops under
 //! `low_wmark`; a fault that would take usage over the limit reclaims directly.
+//!
+//! Several processes can share one limit, as the processes of one cgroup do
+//! (`shared_limit`, set by `folioswap run`): the limit and watermarks then apply to the
+//! sum of every process's charge, kept in a file all of them map (`SharedLimit`). Each
+//! process still reclaims only its own folios; one with nothing left to reclaim waits for
+//! the others and is finally let past the limit (`memory_high_overrun`), since memory.high
+//! throttles rather than kills. Around fork the engine *suspends* the limit: charges
+//! always succeed and nothing is reclaimed while every swapped folio is brought back.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Component {
@@ -27,6 +36,10 @@ pub(crate) struct MemCg {
     resident: AtomicU64,
     swapcache: AtomicU64,
     staging_free: AtomicU64,
+    /// Set around fork(): charges always succeed, reclaim stands still.
+    suspended: AtomicBool,
+    /// The charge of every process sharing the limit, if it is shared.
+    shared: Option<SharedLimit>,
 }
 
 impl MemCg {
@@ -47,7 +60,36 @@ impl MemCg {
             resident: AtomicU64::new(0),
             swapcache: AtomicU64::new(0),
             staging_free: AtomicU64::new(0),
+            suspended: AtomicBool::new(false),
+            shared: None,
         }
+    }
+
+    /// Share the limit with the other processes that attach to the file at `path`.
+    pub fn with_shared(mut self, path: &Path) -> std::io::Result<MemCg> {
+        self.shared = Some(SharedLimit::attach(path)?);
+        Ok(self)
+    }
+
+    /// The shared limit this process takes part in, until it detaches.
+    pub fn shared(&self) -> Option<&SharedLimit> {
+        self.shared.as_ref().filter(|s| !s.detached.load(Ordering::Acquire))
+    }
+
+    /// The charge the limit applies to: this process's, or every sharing process's.
+    fn total(&self) -> &AtomicU64 {
+        match self.shared() {
+            Some(shared) => shared.total(),
+            None => &self.charged,
+        }
+    }
+
+    pub fn suspend(&self, on: bool) {
+        self.suspended.store(on, Ordering::SeqCst);
+    }
+
+    pub fn is_suspended(&self) -> bool {
+        self.suspended.load(Ordering::SeqCst)
     }
 
     fn counter(&self, c: Component) -> &AtomicU64 {
@@ -58,22 +100,37 @@ impl MemCg {
         }
     }
 
-    /// Usage compared against the limit and watermarks.
+    /// This process's usage (its charges, plus its pool with `charge_pool`).
     pub fn usage(&self, pool_footprint: u64) -> u64 {
         self.charged.load(Ordering::Relaxed) + if self.charge_pool { pool_footprint } else { 0 }
     }
 
+    /// Usage compared against the limit and watermarks: with a shared limit, every
+    /// sharing process's charges plus this process's pool.
+    pub fn limited_usage(&self, pool_footprint: u64) -> u64 {
+        self.total().load(Ordering::Relaxed) + if self.charge_pool { pool_footprint } else { 0 }
+    }
+
     /// Charge `n` bytes to `c` if that keeps usage within the limit.
     pub fn try_charge(&self, c: Component, n: u64, pool_footprint: u64) -> bool {
+        if self.is_suspended() {
+            self.charge(c, n);
+            return true;
+        }
         let pool = if self.charge_pool { pool_footprint } else { 0 };
         let limit = self.limit.unwrap_or(u64::MAX);
-        let mut cur = self.charged.load(Ordering::Relaxed);
+        let total = self.total();
+        let mut cur = total.load(Ordering::Relaxed);
         loop {
             if cur.saturating_add(n).saturating_add(pool) > limit {
                 return false;
             }
-            match self.charged.compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Relaxed) {
+            match total.compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => {
+                    if let Some(shared) = self.shared() {
+                        shared.mine().fetch_add(n, Ordering::Relaxed);
+                        self.charged.fetch_add(n, Ordering::AcqRel);
+                    }
                     self.counter(c).fetch_add(n, Ordering::Relaxed);
                     return true;
                 }
@@ -84,6 +141,10 @@ impl MemCg {
 
     /// Charge unconditionally (memory that already exists, e.g. a folio put back).
     pub fn charge(&self, c: Component, n: u64) {
+        if let Some(shared) = self.shared() {
+            shared.total().fetch_add(n, Ordering::AcqRel);
+            shared.mine().fetch_add(n, Ordering::Relaxed);
+        }
         self.charged.fetch_add(n, Ordering::AcqRel);
         self.counter(c).fetch_add(n, Ordering::Relaxed);
     }
@@ -91,6 +152,10 @@ impl MemCg {
     pub fn uncharge(&self, c: Component, n: u64) {
         self.counter(c).fetch_sub(n, Ordering::Relaxed);
         self.charged.fetch_sub(n, Ordering::AcqRel);
+        if let Some(shared) = self.shared() {
+            shared.mine().fetch_sub(n, Ordering::Relaxed);
+            shared.total().fetch_sub(n, Ordering::AcqRel);
+        }
     }
 
     /// Move `n` charged bytes from one component to another (no change in usage).
@@ -104,11 +169,132 @@ impl MemCg {
     }
 
     pub fn above_high(&self, pool_footprint: u64) -> bool {
-        self.limit.is_some() && self.usage(pool_footprint) > self.high_wmark
+        self.limit.is_some() && !self.is_suspended() && self.limited_usage(pool_footprint) > self.high_wmark
     }
 
     pub fn above_low(&self, pool_footprint: u64) -> bool {
-        self.limit.is_some() && self.usage(pool_footprint) > self.low_wmark
+        self.limit.is_some() && !self.is_suspended() && self.limited_usage(pool_footprint) > self.low_wmark
+    }
+}
+
+/// Processes that can share one limit.
+const SHARED_SLOTS: usize = 1024;
+const SHARED_MAGIC: u64 = u64::from_le_bytes(*b"fswpmcg1");
+
+/// The file every process sharing a limit maps: the sum of their charges and each one's
+/// share, so that the share of a process that died without uncharging can be taken back.
+#[repr(C)]
+struct SharedPage {
+    magic: AtomicU64,
+    total: AtomicU64,
+    slots: [SharedSlot; SHARED_SLOTS],
+}
+
+#[repr(C)]
+struct SharedSlot {
+    /// The owner's pid; 0: free; u32::MAX: being reaped.
+    pid: AtomicU32,
+    charged: AtomicU64,
+}
+
+/// This process's attachment to a shared limit.
+pub(crate) struct SharedLimit {
+    page: *const SharedPage,
+    slot: usize,
+    /// Set by `detach`: the slot is no longer this process's.
+    detached: AtomicBool,
+}
+
+// SAFETY: the page is a shared mapping that lives as long as this value and is only
+// accessed through atomics.
+unsafe impl Send for SharedLimit {}
+// SAFETY: as above.
+unsafe impl Sync for SharedLimit {}
+
+impl SharedLimit {
+    /// Map the accounting file at `path` (created zero-filled if missing) and claim a slot.
+    pub fn attach(path: &Path) -> std::io::Result<SharedLimit> {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
+        let len = std::mem::size_of::<SharedPage>();
+        if file.metadata()?.len() < len as u64 {
+            file.set_len(len as u64)?;
+        }
+        // SAFETY: a shared mapping of a file this function holds open; the kernel picks
+        // the address. The mapping outlives the descriptor, which closes on return.
+        let p = unsafe {
+            crate::sys::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: advice on the mapping just made: a forked child attaches on its own.
+        unsafe { crate::sys::madvise(p, len, libc::MADV_DONTFORK) };
+        let page = p as *const SharedPage;
+        // SAFETY: the mapping is `len` bytes of zeroes or of a SharedPage, all atomics.
+        let shared = unsafe { &*page };
+        let _ = shared.magic.compare_exchange(0, SHARED_MAGIC, Ordering::AcqRel, Ordering::Relaxed);
+        if shared.magic.load(Ordering::Acquire) != SHARED_MAGIC {
+            return Err(std::io::Error::other(format!("{} is not a folioswap shared-limit file", path.display())));
+        }
+        // SAFETY: getpid cannot fail.
+        let pid = unsafe { libc::getpid() } as u32;
+        let mut limit = SharedLimit { page, slot: 0, detached: AtomicBool::new(false) };
+        for _ in 0..2 {
+            for (i, slot) in shared.slots.iter().enumerate() {
+                if slot.pid.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                    limit.slot = i;
+                    return Ok(limit);
+                }
+            }
+            limit.reap_dead();
+        }
+        Err(std::io::Error::other(format!("more than {SHARED_SLOTS} processes share the limit in {}", path.display())))
+    }
+
+    fn page(&self) -> &SharedPage {
+        // SAFETY: mapped in `attach` and never unmapped while `self` lives.
+        unsafe { &*self.page }
+    }
+
+    pub fn total(&self) -> &AtomicU64 {
+        &self.page().total
+    }
+
+    fn mine(&self) -> &AtomicU64 {
+        &self.page().slots[self.slot].charged
+    }
+
+    /// Take back the charges of processes that died without giving them back. Returns
+    /// the bytes taken back.
+    pub fn reap_dead(&self) -> u64 {
+        let mut reaped = 0;
+        for (i, slot) in self.page().slots.iter().enumerate() {
+            let pid = slot.pid.load(Ordering::Acquire);
+            if i == self.slot || pid == 0 || pid == u32::MAX {
+                continue;
+            }
+            // SAFETY: signal 0 only checks that the process exists.
+            let dead = unsafe { libc::kill(pid as i32, 0) } != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            if dead && slot.pid.compare_exchange(pid, u32::MAX, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                let n = slot.charged.swap(0, Ordering::AcqRel);
+                self.total().fetch_sub(n, Ordering::AcqRel);
+                slot.pid.store(0, Ordering::Release);
+                reaped += n;
+            }
+        }
+        reaped
+    }
+
+    /// Give this process's charges back and its slot up (at exit).
+    pub fn detach(&self) {
+        if self.detached.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let slot = &self.page().slots[self.slot];
+        let n = slot.charged.swap(0, Ordering::AcqRel);
+        self.total().fetch_sub(n, Ordering::AcqRel);
+        slot.pid.store(0, Ordering::Release);
     }
 }
 

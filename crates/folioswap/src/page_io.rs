@@ -141,7 +141,7 @@ impl AlignedBuf {
     fn new(len: usize) -> std::io::Result<AlignedBuf> {
         // SAFETY: an anonymous private mapping with no address hint; checked for failure.
         let ptr = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            crate::sys::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
         };
         if ptr == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
@@ -159,7 +159,7 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly the mapping made in `new`, which nothing references now.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        unsafe { crate::sys::munmap(self.ptr.cast(), self.len) };
     }
 }
 

@@ -28,7 +28,7 @@
 
 use crate::engine::Shared;
 use crate::folio::{Kind, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
-use crate::memcg::Component;
+use crate::memcg::{Component, MemCg};
 use crate::region::FolioTable;
 use crate::size::{FolioSize, HUGE_SIZE, PAGE_SIZE};
 use crate::folio::State;
@@ -113,6 +113,17 @@ pub(crate) struct ReclaimCtl {
     pool_full: AtomicBool,
     /// Pages evicted so far (wrapping): the clock refault distances are measured on.
     pub evict_clock: AtomicU32,
+    /// Evictions under way (`shrink_one` calls past their start).
+    active: AtomicUsize,
+}
+
+/// One eviction under way; see `ReclaimCtl::quiesce`.
+pub(crate) struct ActiveEviction<'a>(&'a AtomicUsize);
+
+impl Drop for ActiveEviction<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl ReclaimCtl {
@@ -136,6 +147,25 @@ impl ReclaimCtl {
         *self.progress.lock().unwrap() += 1;
         self.progress_cv.notify_all();
     }
+    /// Start an eviction, unless the limit is suspended (around fork).
+    fn begin_eviction(&self, memcg: &MemCg) -> Option<ActiveEviction<'_>> {
+        // Counted before the check, so that `quiesce` (suspend, then wait for zero)
+        // never misses one that saw the limit still in force.
+        self.active.fetch_add(1, Ordering::SeqCst);
+        let guard = ActiveEviction(&self.active);
+        (!memcg.is_suspended()).then_some(guard)
+    }
+
+    /// Wait for the evictions under way to finish. Called with the limit suspended, so
+    /// that no new one starts.
+    pub fn quiesce(&self) {
+        while self.active.load(Ordering::SeqCst) > 0 || self.inflight.load(Ordering::Acquire) > 0 {
+            if !self.wait_for_progress() {
+                std::thread::yield_now();
+            }
+        }
+    }
+
     pub fn pool_is_full(&self) -> bool {
         self.pool_full.load(Ordering::Relaxed)
     }
@@ -187,6 +217,12 @@ thread_local! {
 /// A background reclaimer: sleeps under the high watermark, evicts down to the low one.
 /// With a swap file it is also zswap's shrink worker: it writes the pool's oldest entries
 /// back while the pool is over its accept threshold.
+/// `madvise` advice (Linux 5.14+) the libc crate may not name.
+const MADV_POPULATE_WRITE: i32 = 23;
+
+/// EBUSY/EAGAIN answers in a row at one page before an eviction gives the folio up for now.
+const MOVE_BUSY_RETRIES: u32 = 64;
+
 pub(crate) fn kswapd(shared: Arc<Shared>) {
     let mut scratch = CodecScratch::new();
     while !shared.stop.load(Ordering::Acquire) {
@@ -196,7 +232,9 @@ pub(crate) fn kswapd(shared: Arc<Shared>) {
             }
         }
         if !shared.memcg.above_high(shared.zswap.pool.footprint_bytes()) {
-            shared.reclaim.sleep(Duration::from_millis(200));
+            // Other processes sharing the limit charge it without waking this one.
+            let nap = if shared.memcg.shared().is_some() { 10 } else { 200 };
+            shared.reclaim.sleep(Duration::from_millis(nap));
             continue;
         }
         while !shared.stop.load(Ordering::Acquire) && shared.memcg.above_low(shared.zswap.pool.footprint_bytes()) {
@@ -269,6 +307,9 @@ impl Shared {
     /// UFFDIO_MOVE (one TLB shootdown) into one 2 MiB staging slot: `shrink_folio_list`
     /// with batched flushes.
     pub(crate) fn shrink_one(&self, scratch: &mut CodecScratch, direct: bool) -> Reclaimed {
+        let Some(_active) = self.reclaim.begin_eviction(&self.memcg) else {
+            return Reclaimed::Nothing;
+        };
         let (victim, s) = match self.pick_victim() {
             Ok(v) => v,
             Err(r) => return r,
@@ -394,11 +435,25 @@ impl Shared {
         let dst = self.staging.addr(slot);
         let len = count * folio.bytes();
         let mut done = 0;
+        // Where the last EBUSY was met, and how often in a row there.
+        let (mut busy_at, mut busy_times) = (usize::MAX, 0u32);
         while done < len {
             match self.staging.uffd().move_pages(dst + done, addr + done, len - done, false) {
                 Ok(()) => return Ok(()),
                 Err(err) if err.is(libc::EBUSY) || err.is(libc::EAGAIN) => {
                     done += err.done;
+                    busy_times = if busy_at == done { busy_times + 1 } else { 0 };
+                    busy_at = done;
+                    if busy_times >= MOVE_BUSY_RETRIES {
+                        // Pinned (O_DIRECT in flight) or a large folio the kernel cannot
+                        // split now: try other folios first.
+                        return self.move_back(addr, dst, done, true);
+                    }
+                    // MOVE takes only pages this process owns alone; after a fork they are
+                    // shared with the child until one of the two writes them.
+                    if err.is(libc::EBUSY) && busy_times == 0 && !self.break_cow(addr + done, len - done) {
+                        return self.move_back(addr, dst, done, true);
+                    }
                     std::thread::yield_now();
                 }
                 Err(err) if err.is(libc::EEXIST) && self.staging.moved_anyway(dst + done + err.done, addr + done + err.done) => {
@@ -406,10 +461,8 @@ impl Shared {
                 }
                 Err(err) => {
                     done += err.done;
-                    if done > 0 {
-                        // Put back what moved, so the folios stay whole where they were.
-                        let _ = self.uffd.move_pages(addr, dst, done, true);
-                    }
+                    // Put back what moved, so the folios stay whole where they were.
+                    let _ = self.move_back(addr, dst, done, true);
                     // ENOENT/EINVAL: the program unmapped (part of) the range and the
                     // kernel's UNMAP event is not read yet; the event will drop the folio.
                     if err.is(libc::ENOENT) || err.is(libc::EINVAL) {
@@ -421,6 +474,28 @@ impl Shared {
             }
         }
         Ok(())
+    }
+
+    /// Undo the first `done` bytes of a `move_out`.
+    fn move_back(&self, addr: usize, dst: usize, done: usize, again: bool) -> Result<(), bool> {
+        if done > 0 {
+            let _ = self.uffd.move_pages(addr, dst, done, true);
+        }
+        Err(again)
+    }
+
+    /// Give this process its own copy of the pages in `[addr, addr + len)` (the kernel's
+    /// copy on write, as if the program wrote them), so that MOVE may take them. Only
+    /// when every page is present: a missing one would fault to this engine while the
+    /// caller holds the folio's lock.
+    fn break_cow(&self, addr: usize, len: usize) -> bool {
+        if !self.staging.all_present(addr, len) {
+            return false;
+        }
+        self.counters.vm.cow_unshare.inc();
+        // SAFETY: the range lies in a live region (the caller holds the gate and the
+        // folios' locks) and is fully present; POPULATE_WRITE changes no contents.
+        unsafe { crate::sys::madvise(addr as *mut libc::c_void, len, MADV_POPULATE_WRITE) == 0 }
     }
 
     /// The swap cache lets go of a folio's staged copy (stored, discarded, or copied back):

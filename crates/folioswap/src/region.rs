@@ -21,6 +21,7 @@ use std::sync::{Arc, RwLock};
 #[derive(Clone, Debug, Default)]
 pub struct RegionOptions {
     pub(crate) folio_size: Option<FolioSize>,
+    pub(crate) keep_on_fork: bool,
 }
 
 impl RegionOptions {
@@ -29,6 +30,15 @@ impl RegionOptions {
         let folio = size.parse().map_err(|_| crate::Error::config("folio_size", size, FolioSize::ACCEPTED))?;
         self.folio_size = Some(folio);
         Ok(self)
+    }
+
+    /// Let a forked child inherit the region's memory (by default it does not, as with
+    /// MADV_DONTFORK). The child then gets exactly what the region held at the fork only
+    /// if the fork happens between [`Engine::prepare_fork`](crate::Engine::prepare_fork)
+    /// and its guard's `parent`/`child`, which bring the swapped-out folios back first.
+    pub fn keep_on_fork(mut self, on: bool) -> Self {
+        self.keep_on_fork = on;
+        self
     }
 
     pub fn folio(mut self, folio: FolioSize) -> Self {
@@ -43,7 +53,7 @@ pub(crate) fn map_aligned(len: usize, align: usize) -> Result<usize, i32> {
     let total = len.checked_add(align).ok_or(libc::ENOMEM)?;
     // SAFETY: an anonymous private mapping at a kernel-chosen address touches no existing memory.
     let p = unsafe {
-        libc::mmap(
+        crate::sys::mmap(
             std::ptr::null_mut(),
             total,
             libc::PROT_READ | libc::PROT_WRITE,
@@ -60,11 +70,11 @@ pub(crate) fn map_aligned(len: usize, align: usize) -> Result<usize, i32> {
     // SAFETY: both trims lie inside the mapping just created and nothing refers to them.
     unsafe {
         if aligned > start {
-            libc::munmap(p, aligned - start);
+            crate::sys::munmap(p, aligned - start);
         }
         let end = start + total;
         if end > aligned + len {
-            libc::munmap((aligned + len) as *mut libc::c_void, end - (aligned + len));
+            crate::sys::munmap((aligned + len) as *mut libc::c_void, end - (aligned + len));
         }
     }
     Ok(aligned)
@@ -91,6 +101,8 @@ pub(crate) struct FolioTable {
     pub evicting: AtomicUsize,
     /// The region's readahead window and counters (`readahead.rs`).
     pub ra: crate::readahead::RegionRa,
+    /// A forked child inherits the region (`fork.rs`).
+    pub keep_on_fork: bool,
 }
 
 // SAFETY: `entries` points to a mapping owned by the table for its whole life; every
@@ -105,8 +117,8 @@ impl FolioTable {
         let entries = map_aligned(bytes, PAGE_SIZE)?;
         // SAFETY: the range is the mapping just created; advice only changes paging policy.
         unsafe {
-            libc::madvise(entries as *mut libc::c_void, bytes, libc::MADV_NOHUGEPAGE);
-            libc::madvise(entries as *mut libc::c_void, bytes, libc::MADV_DONTFORK);
+            crate::sys::madvise(entries as *mut libc::c_void, bytes, libc::MADV_NOHUGEPAGE);
+            crate::sys::madvise(entries as *mut libc::c_void, bytes, libc::MADV_DONTFORK);
         }
         Ok(FolioTable {
             folio,
@@ -116,6 +128,7 @@ impl FolioTable {
             dead: AtomicBool::new(false),
             evicting: AtomicUsize::new(0),
             ra: Default::default(),
+            keep_on_fork: false,
         })
     }
 
@@ -166,7 +179,7 @@ impl Drop for FolioTable {
     fn drop(&mut self) {
         let bytes = (self.pages * std::mem::size_of::<PageEntry>()).next_multiple_of(PAGE_SIZE);
         // SAFETY: the entries mapping is owned by this table and nothing refers to it now.
-        unsafe { libc::munmap(self.entries as *mut libc::c_void, bytes) };
+        unsafe { crate::sys::munmap(self.entries as *mut libc::c_void, bytes) };
     }
 }
 
@@ -197,6 +210,12 @@ pub(crate) struct Affected {
 }
 
 impl AddressMap {
+    /// Hold the map across fork(), so that no thread is inside it when the process is
+    /// copied (a child would inherit the lock held).
+    pub fn lock_for_fork(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<usize, MapEntry>> {
+        self.map.write().unwrap()
+    }
+
     pub fn insert(&self, start: usize, entry: MapEntry) {
         self.map.write().unwrap().insert(start, entry);
     }

@@ -90,7 +90,7 @@ pub(crate) struct Staging {
 fn madvise(addr: usize, len: usize, advice: i32) -> io::Result<()> {
     // SAFETY: the range lies inside a staging area this engine mapped and never exposes
     // as a Rust reference across the call; madvise changes only its page-table state.
-    if unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) } != 0 {
+    if unsafe { crate::sys::madvise(addr as *mut libc::c_void, len, advice) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
@@ -129,6 +129,12 @@ impl Staging {
         })
     }
 
+    /// The descriptors this staging area holds: its userfaultfd and pagemap.
+    pub fn raw_fds(&self) -> [std::os::fd::RawFd; 2] {
+        use std::os::fd::AsRawFd;
+        [self.uffd().as_raw_fd(), self.pagemap.as_raw_fd()]
+    }
+
     pub fn uffd(&self) -> &Uffd {
         &self.uffd
     }
@@ -142,7 +148,7 @@ impl Staging {
         // Two threads may race to create it; the loser unmaps its copy.
         if let Err(spare) = self.areas[order as usize].set(area) {
             // SAFETY: `spare` was mapped by map_area and never handed out.
-            unsafe { libc::munmap(spare.base as *mut libc::c_void, spare.slot_bytes * slots_for(folio) as usize) };
+            unsafe { crate::sys::munmap(spare.base as *mut libc::c_void, spare.slot_bytes * slots_for(folio) as usize) };
         }
         Ok(self.areas[order as usize].get().expect("just set"))
     }
@@ -381,6 +387,11 @@ impl Staging {
     pub fn moved_anyway(&self, dst: usize, src: usize) -> bool {
         let present = |a: usize| self.pagemap.present_bytes(a, PAGE_SIZE).unwrap_or(0) == PAGE_SIZE;
         !present(src) && present(dst)
+    }
+
+    /// Whether every page of `[addr, addr + len)` is present.
+    pub fn all_present(&self, addr: usize, len: usize) -> bool {
+        self.pagemap.present_bytes(addr, len).is_ok_and(|n| n == len)
     }
 
     /// Empty every kept slot and give its charge back: memory is short.

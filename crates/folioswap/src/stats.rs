@@ -211,6 +211,15 @@ counter_struct!(
         uffd_remove,
         uffd_unmap,
         uffd_remap,
+        /// Evictions that first had to give this process its own copy of pages it shared
+        /// with a forked child (copy on write), since MOVE takes only unshared pages.
+        cow_unshare,
+        /// Folios brought back in so that a forked child inherits them (`fork.rs`).
+        fork_swapin,
+        /// Faults charged past memory_high because the limit is shared with other
+        /// processes and none of this process's memory could be reclaimed in time
+        /// (memory.events `high`: a throttle, not an OOM).
+        memory_high_overrun,
         /// Faults resolved by another thread first (concurrent faults on one folio).
         fault_raced,
         /// Faults that found their folio still uncompressed in the swap cache (its
@@ -295,6 +304,9 @@ pub struct MemoryStat {
     /// Bytes of all live regions (virtual).
     pub managed_bytes: u64,
     pub regions: u64,
+    /// With a shared limit (`shared_limit`): what every sharing process has charged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_charged_bytes: Option<u64>,
 }
 
 /// The swap file: its slots and its I/O.

@@ -174,6 +174,18 @@ pub struct Uffd {
     fd: OwnedFd,
 }
 
+impl AsRawFd for Uffd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl AsRawFd for PageMap {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
 const FEATURE_NAMES: &[(u64, &str)] = &[
     (FEATURE_EVENT_REMAP, "UFFD_FEATURE_EVENT_REMAP"),
     (FEATURE_EVENT_REMOVE, "UFFD_FEATURE_EVENT_REMOVE"),

@@ -184,6 +184,10 @@ pub trait SwapIo: Send + Sync {
     fn stats(&self) -> SwapIoStats {
         SwapIoStats::default()
     }
+    /// The descriptor behind the backend, if it has one: a forked child closes it.
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// The CRC-32C (Castagnoli) of a folio, as stored beside its slot and checked on swap-in.
@@ -486,6 +490,9 @@ impl SwapFile {
 }
 
 impl SwapIo for SwapFile {
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.fd.as_raw_fd())
+    }
     fn write_at(&self, slot: u64, data: &[u8]) -> io::Result<()> {
         let off = self.offset(slot, data.len())?;
         let start = Instant::now();
@@ -913,6 +920,9 @@ impl<I: SwapIo> FaultInjector<I> {
 }
 
 impl<I: SwapIo> SwapIo for FaultInjector<I> {
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.raw_fd()
+    }
     fn write_at(&self, slot: u64, data: &[u8]) -> io::Result<()> {
         match self.fault(true, slot, data.len()) {
             Some(e) => Err(e),

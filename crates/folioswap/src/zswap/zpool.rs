@@ -351,7 +351,7 @@ fn class_index(len: usize) -> usize {
 fn map_chunk(len: usize) -> Result<*mut u8, PoolError> {
     // SAFETY: a fresh anonymous private mapping with no address hint cannot alias anything.
     let p = unsafe {
-        libc::mmap(
+        crate::sys::mmap(
             ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
@@ -369,9 +369,9 @@ fn map_chunk(len: usize) -> Result<*mut u8, PoolError> {
     // Advice failures are ignored on purpose: without THP support NOHUGEPAGE is moot, and
     // DONTFORK only matters if the process forks.
     // SAFETY: advice on the mapping just created; it changes no contents.
-    unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
+    unsafe { crate::sys::madvise(p, len, libc::MADV_NOHUGEPAGE) };
     // SAFETY: as above.
-    unsafe { libc::madvise(p, len, libc::MADV_DONTFORK) };
+    unsafe { crate::sys::madvise(p, len, libc::MADV_DONTFORK) };
     Ok(p.cast())
 }
 
@@ -379,7 +379,7 @@ fn map_chunk(len: usize) -> Result<*mut u8, PoolError> {
 /// `[addr, addr + len)` is page-aligned, inside a pool mapping, and holds no live object.
 unsafe fn dontneed(addr: *mut u8, len: usize) {
     // SAFETY: per the function contract, zeroing these pages loses no data anyone can see.
-    let rc = unsafe { libc::madvise(addr.cast(), len, libc::MADV_DONTNEED) };
+    let rc = unsafe { crate::sys::madvise(addr.cast(), len, libc::MADV_DONTNEED) };
     debug_assert_eq!(
         rc,
         0,
@@ -392,7 +392,7 @@ unsafe fn dontneed(addr: *mut u8, len: usize) {
 /// `base` is a pool mapping of `len` bytes that nothing will access again.
 unsafe fn unmap(base: *mut u8, len: usize) {
     // SAFETY: per the function contract.
-    let rc = unsafe { libc::munmap(base.cast(), len) };
+    let rc = unsafe { crate::sys::munmap(base.cast(), len) };
     debug_assert_eq!(rc, 0, "munmap failed: {}", std::io::Error::last_os_error());
 }
 

@@ -1,4 +1,5 @@
 //! Helpers shared by the integration tests: a verifiable fill pattern.
+#![allow(dead_code)] // each test binary uses its own subset of these helpers
 
 use folioswap::Region;
 

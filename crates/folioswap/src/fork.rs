@@ -1,0 +1,132 @@
+//! fork(): what a child process inherits.
+//!
+//! A child gets a copy of the parent's address space but none of its threads, and (the
+//! engine does not ask for UFFD_FEATURE_EVENT_FORK) none of its userfaultfd registrations:
+//! its copies of the regions are plain anonymous memory. So the child sees exactly the
+//! pages *mapped* at the fork, and a swapped-out folio would read as zeros there.
+//! `Engine::prepare_fork` therefore, for the regions a child inherits
+//! (`RegionOptions::keep_on_fork`; the others are MADV_DONTFORK):
+//! 1. suspends the limit: charges succeed, reclaim stands still, and evictions in
+//!    flight finish (`ReclaimCtl::quiesce`), so that nothing leaves memory from here on;
+//! 2. brings every swapped folio (pool, swap file, swap cache) back in, by faulting it
+//!    (MADV_POPULATE_READ) as the program would; untouched and all-zero folios stay
+//!    unmapped, which reads as zeros in both processes;
+//! 3. holds the process-wide address map, so that no thread is inside it while the
+//!    process is copied.
+//!
+//! After the fork the parent resumes ([`ForkGuard::parent`]). Its pages are now shared
+//! copy on write with the child, and UFFDIO_MOVE refuses shared pages (EBUSY), so an
+//! eviction first gives the parent its own copy (`break_cow` in reclaim.rs, counted as
+//! `cow_unshare`). The child ([`ForkGuard::child`]) abandons the parent's engine without
+//! running any of it, since its locks may be held by threads that do not exist in the
+//! child: it closes the engine's descriptors (so the swap file's space goes when the
+//! parent lets go of it) and forgets the rest. The inherited memory stays with the child
+//! as ordinary memory outside any limit; a new engine serves what the child maps next.
+//!
+//! The cost: for the fork, the parent's managed memory is all resident at once, above
+//! memory_high. Programs that fork and exec should prefer posix_spawn/vfork, which copy
+//! nothing and need none of this.
+
+use crate::engine::{Engine, Shared, ADDRESS_MAP};
+use crate::folio::{Kind, SPLIT};
+use crate::region::MapEntry;
+use crate::size::PAGE_SIZE;
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::RwLockWriteGuard;
+
+/// `madvise` advice (Linux 5.14+) the libc crate may not name.
+const MADV_POPULATE_READ: i32 = 22;
+
+/// Held from [`Engine::prepare_fork`] until the fork has happened; then call
+/// [`parent`](ForkGuard::parent) in the parent, [`child`](ForkGuard::child) in the child.
+#[must_use = "call parent() or child() after the fork"]
+pub struct ForkGuard {
+    engine: Engine,
+    map: RwLockWriteGuard<'static, BTreeMap<usize, MapEntry>>,
+}
+
+impl Engine {
+    /// Make the process ready to fork: every swapped-out folio of the regions that a
+    /// child inherits comes back in, and nothing is evicted until the guard is released.
+    /// Fork while holding the guard (pthread_atfork's prepare handler is the place).
+    pub fn prepare_fork(&self) -> ForkGuard {
+        let shared = self.shared();
+        shared.memcg.suspend(true);
+        shared.reclaim.quiesce();
+        shared.swap_in_for_fork();
+        ForkGuard { engine: self.clone(), map: ADDRESS_MAP.lock_for_fork() }
+    }
+}
+
+impl ForkGuard {
+    /// In the parent, after the fork: the limit applies again.
+    pub fn parent(self) {
+        let ForkGuard { engine, map } = self;
+        drop(map);
+        let shared = engine.shared();
+        shared.memcg.suspend(false);
+        shared.reclaim.wake_all();
+    }
+
+    /// In the child, after the fork: let go of the parent's engine without running it.
+    /// Its regions stay mapped as ordinary memory; dropping a `Region` or `Engine` handle
+    /// of the parent in the child is a leak, not a release (they must be forgotten:
+    /// `std::mem::forget`).
+    pub fn child(self) {
+        let ForkGuard { engine, mut map } = self;
+        let id = engine.shared().id;
+        map.retain(|_, entry| entry.engine.id != id);
+        drop(map);
+        for fd in engine.shared().raw_fds() {
+            // SAFETY: each descriptor belongs to the abandoned engine, which no code in
+            // this process uses again.
+            unsafe { libc::close(fd) };
+        }
+        std::mem::forget(engine);
+    }
+}
+
+impl Shared {
+    /// The descriptors the engine holds.
+    fn raw_fds(&self) -> Vec<i32> {
+        use std::os::fd::AsRawFd;
+        let mut fds = vec![self.uffd.as_raw_fd(), self.kick_fd.as_raw_fd()];
+        fds.extend(self.staging.raw_fds());
+        fds.extend(self.swap.as_ref().and_then(|dev| dev.io.raw_fd()));
+        fds
+    }
+
+    /// Fault back every folio of an inherited region that is not in memory. Returns the
+    /// folios brought in.
+    fn swap_in_for_fork(&self) -> u64 {
+        let mut brought = 0;
+        for piece in ADDRESS_MAP.overlapping(self.id, 0, usize::MAX) {
+            let table = &piece.table;
+            if !table.keep_on_fork || table.dead.load(Ordering::Acquire) {
+                continue;
+            }
+            let folio_pages = table.folio.pages();
+            let end = piece.page + piece.pages;
+            let mut page = piece.page;
+            while page < end {
+                let head = table.head_of(page);
+                let split = folio_pages == 1 || table.entry(head).load().has(SPLIT);
+                let (first, next) = if split { (page, page + 1) } else { (page, (head + folio_pages).min(end)) };
+                let kind = table.entry(if split { page } else { head }).load().kind();
+                if matches!(kind, Kind::Pool | Kind::Swapped | Kind::SwapCache) {
+                    let addr = piece.addr + (first - piece.page) * PAGE_SIZE;
+                    // SAFETY: the range lies in a mapping of this region; POPULATE_READ
+                    // faults it in as a read would, and fails (EFAULT) rather than
+                    // crash if the program unmapped it meanwhile.
+                    if unsafe { crate::sys::madvise(addr as *mut libc::c_void, (next - first) * PAGE_SIZE, MADV_POPULATE_READ) } == 0 {
+                        brought += 1;
+                    }
+                }
+                page = next;
+            }
+        }
+        self.counters.vm.fork_swapin.add(brought);
+        brought
+    }
+}

@@ -1,0 +1,28 @@
+//! The engine's own mappings, made with raw system calls.
+//!
+//! When libfolioswap.so is preloaded it interposes `mmap`, `munmap` and `madvise` for the
+//! program; calls the engine makes for itself (staging, the pool, region reservations)
+//! must not come back to it as managed allocations. Going to the kernel directly keeps
+//! them out of any interposer. Same signatures and error convention (-1 or MAP_FAILED
+//! with errno set) as the libc functions they replace.
+
+/// # Safety
+/// As `mmap(2)`: the caller owns whatever range the kernel may replace (none without MAP_FIXED).
+pub(crate) unsafe fn mmap(addr: *mut libc::c_void, len: usize, prot: i32, flags: i32, fd: i32, off: libc::off_t) -> *mut libc::c_void {
+    // SAFETY: per the function contract; the syscall reads only its integer arguments.
+    unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut libc::c_void }
+}
+
+/// # Safety
+/// As `munmap(2)`: nothing may use the range afterwards.
+pub(crate) unsafe fn munmap(addr: *mut libc::c_void, len: usize) -> i32 {
+    // SAFETY: per the function contract.
+    unsafe { libc::syscall(libc::SYS_munmap, addr, len) as i32 }
+}
+
+/// # Safety
+/// As `madvise(2)`: destructive advice (DONTNEED) only on memory whose contents may go.
+pub(crate) unsafe fn madvise(addr: *mut libc::c_void, len: usize, advice: i32) -> i32 {
+    // SAFETY: per the function contract.
+    unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) as i32 }
+}
