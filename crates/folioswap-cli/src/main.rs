@@ -1,9 +1,10 @@
-//! The `folioswap` command: benchmarks of the engine (and, later, running programs under it).
+//! The `folioswap` command: run programs under the engine, and benchmarks of it.
 
 mod codec;
 mod pattern;
 mod progress;
 mod readahead;
+mod run;
 mod slots;
 mod usemem;
 
@@ -19,6 +20,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a program with its large anonymous memory (malloc blocks and mmaps of at
+    /// least --threshold) managed by folioswap, under one memory_high for all its processes.
+    Run(Box<run::RunArgs>),
     /// Benchmarks (results go in BENCHMARKS.md with their command lines).
     #[command(subcommand)]
     Bench(Bench),
@@ -43,6 +47,12 @@ enum Bench {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(args) => {
+            return run::run(*args).unwrap_or_else(|msg| {
+                eprintln!("folioswap: {msg}");
+                ExitCode::from(2)
+            })
+        }
         Command::Bench(Bench::Usemem(args)) => usemem::run(*args),
         Command::Bench(Bench::Codec(args)) => codec::run(args),
         Command::Bench(Bench::Slots(args)) => slots::run(args),

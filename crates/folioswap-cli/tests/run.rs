@@ -1,0 +1,618 @@
+//! `folioswap run`: real programs under the preloaded engine (libfolioswap.so).
+//!
+//! The C programs in tests/c and bench/usemem.c are compiled with `cc` into
+//! CARGO_TARGET_TMPDIR; python3 and GNU sort must be installed. Each test bounds its
+//! memory (a few hundred MiB at most, most of it swapped out), changes no system setting,
+//! and checks results, never timings. The tests run one at a time (see [`serial`]).
+//!
+//! `folioswap run` preloads libfolioswap.so from next to its own executable: build it with
+//! `cargo build -p folioswap-preload`, or run `cargo test --workspace`, which builds it.
+
+use serde_json::Value;
+use std::ffi::OsStr;
+use std::fs;
+use std::io::{self, Read};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+const FOLIOSWAP: &str = env!("CARGO_BIN_EXE_folioswap");
+const TMP: &str = env!("CARGO_TARGET_TMPDIR");
+const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
+
+/// A run that takes longer than this is killed (with its whole process group) and fails:
+/// a safety net against hangs, far above what any of these runs needs.
+const HANG_LIMIT: Duration = Duration::from_secs(600);
+
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+// ---- helpers ------------------------------------------------------------------------
+
+/// One test at a time: each pushes a few hundred MiB through the engine (and some run an
+/// unmanaged reference too), which is fine once but not times the CPU count.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The folioswap binary, after checking that the library it preloads was built.
+fn folioswap() -> &'static str {
+    let lib = Path::new(FOLIOSWAP).with_file_name("libfolioswap.so");
+    assert!(
+        lib.is_file(),
+        "{} is missing: `folioswap run` preloads it from next to the folioswap binary.\n\
+         Build it first with `cargo build -p folioswap-preload` (`cargo test --workspace` builds it too).",
+        lib.display()
+    );
+    FOLIOSWAP
+}
+
+fn unique(name: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("{name}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A fresh directory, removed with everything in it when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Under CARGO_TARGET_TMPDIR.
+    fn new(name: &str) -> TempDir {
+        TempDir::new_in(Path::new(TMP), name)
+    }
+
+    fn new_in(parent: &Path, name: &str) -> TempDir {
+        loop {
+            let path = parent.join(unique(&format!("folioswap-run-{name}")));
+            match fs::create_dir(&path) {
+                Ok(()) => return TempDir(path),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => panic!("cannot create the directory {}: {e}", path.display()),
+            }
+        }
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+
+    fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    /// The names of the entries left in the directory.
+    fn entries(&self) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(&self.0)
+            .unwrap_or_else(|e| panic!("cannot list {}: {e}", self.0.display()))
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().unwrap_or_else(|| panic!("{} is not UTF-8", path.display()))
+}
+
+/// Compile one C file with `cc -O2 -pthread` into CARGO_TARGET_TMPDIR/NAME.
+fn compile(source: &Path, name: &str) -> PathBuf {
+    let out = Path::new(TMP).join(name);
+    // Built under a unique name and renamed into place: tests sharing a program can race.
+    let tmp = Path::new(TMP).join(unique(&format!(".{name}.building")));
+    let result = Command::new("cc")
+        .args(["-O2", "-Wall", "-pthread", "-o"])
+        .arg(&tmp)
+        .arg(source)
+        .output();
+    match result {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => panic!(
+            "`cc` was not found: these tests compile C programs ({}); install a C compiler \
+             (e.g. `apt-get install gcc`)",
+            source.display()
+        ),
+        Err(e) => panic!("cannot run cc: {e}"),
+        Ok(o) if !o.status.success() => panic!(
+            "cc -O2 -Wall -pthread {} failed ({}):\n{}",
+            source.display(),
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Ok(_) => {}
+    }
+    fs::rename(&tmp, &out).unwrap_or_else(|e| panic!("cannot move {} into place: {e}", tmp.display()));
+    out
+}
+
+/// A program from tests/c.
+fn test_program(name: &str) -> PathBuf {
+    compile(&Path::new(MANIFEST_DIR).join("tests/c").join(format!("{name}.c")), name)
+}
+
+/// bench/usemem.c.
+fn usemem() -> PathBuf {
+    compile(&Path::new(MANIFEST_DIR).join("../../bench/usemem.c"), "usemem")
+}
+
+/// Fail clearly if `tool` is not installed.
+fn require_tool(tool: &str, test: &str) {
+    match Command::new(tool).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            panic!("`{tool}` was not found: {test} needs it installed and on PATH")
+        }
+        Err(e) => panic!("cannot run {tool}: {e}"),
+        Ok(_) => {}
+    }
+}
+
+/// What a finished run left.
+struct Run {
+    cmdline: String,
+    code: i32,
+    stdout: String,
+    stderr: String,
+    /// The --stats-json file, if one was asked for and written.
+    stats: Option<Value>,
+}
+
+impl Run {
+    /// Everything about the run, for assertion messages.
+    fn describe(&self) -> String {
+        let stats = match &self.stats {
+            Some(v) => serde_json::to_string_pretty(v).unwrap(),
+            None => "(none)".into(),
+        };
+        format!(
+            "command: {}\nexit code: {}\n--- stdout ---\n{}\n--- stderr ---\n{}\n--- stats ---\n{}",
+            self.cmdline,
+            self.code,
+            tail(&self.stdout),
+            tail(&self.stderr),
+            tail(&stats)
+        )
+    }
+
+    fn assert_code(&self, code: i32) {
+        assert_eq!(self.code, code, "unexpected exit code\n{}", self.describe());
+    }
+
+    fn assert_success(&self) {
+        self.assert_code(0);
+    }
+
+    fn assert_stdout_line(&self, line: &str) {
+        assert!(
+            self.stdout.lines().any(|l| l.trim_end() == line),
+            "stdout has no line {line:?}\n{}",
+            self.describe()
+        );
+    }
+
+    fn stats(&self) -> &Value {
+        self.stats
+            .as_ref()
+            .unwrap_or_else(|| panic!("no --stats-json file was written\n{}", self.describe()))
+    }
+
+    /// A counter summed over the processes ("total" of the stats file).
+    fn total(&self, key: &str) -> u64 {
+        self.stats()["total"][key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("stats total has no numeric {key:?}\n{}", self.describe()))
+    }
+
+    fn assert_total_positive(&self, key: &str) {
+        assert!(self.total(key) > 0, "expected total {key} > 0\n{}", self.describe());
+    }
+}
+
+/// The last 8000 characters of `text`.
+fn tail(text: &str) -> &str {
+    let mut start = text.len().saturating_sub(8000);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
+
+fn quote(arg: &OsStr) -> String {
+    let a = arg.to_string_lossy();
+    if !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./:=+,".contains(c)) {
+        a.into_owned()
+    } else {
+        format!("'{}'", a.replace('\'', r"'\''"))
+    }
+}
+
+/// Run `cmd` to completion, its output captured. It runs in its own process group, so that
+/// a hung run can be killed with everything it started.
+fn run_command(mut cmd: Command, stats_json: Option<&Path>) -> Run {
+    let cmdline = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(quote)
+        .collect::<Vec<_>>()
+        .join(" ");
+    // No FOLIOSWAP_* setting of the caller's environment may change what is tested.
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("FOLIOSWAP_") {
+            cmd.env_remove(&name);
+        }
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {cmdline}: {e}"));
+    let pid = child.id() as libc::pid_t;
+    let reader = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = pipe.read_to_end(&mut buf);
+            String::from_utf8_lossy(&buf).into_owned()
+        })
+    };
+    let out = reader(Box::new(child.stdout.take().unwrap()));
+    let err = reader(Box::new(child.stderr.take().unwrap()));
+
+    // Wait for the exit without reaping (the pid, hence the process group id, stays ours),
+    // then kill whatever the run left in its group, then reap.
+    let deadline = Instant::now() + HANG_LIMIT;
+    let mut timed_out = false;
+    loop {
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let r = unsafe {
+            libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT | libc::WNOHANG)
+        };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            panic!("waitid on {cmdline}: {e}");
+        }
+        if unsafe { info.si_pid() } != 0 {
+            break;
+        }
+        if Instant::now() >= deadline {
+            timed_out = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    unsafe { libc::kill(-pid, libc::SIGKILL) };
+    let status = child.wait().unwrap();
+    let stdout = out.join().unwrap();
+    let stderr = err.join().unwrap();
+
+    let stats = stats_json.and_then(|path| match fs::read_to_string(path) {
+        Ok(text) => Some(serde_json::from_str(&text).unwrap_or_else(|e| {
+            panic!("{} is not JSON: {e}\n{text}\ncommand: {cmdline}\n--- stderr ---\n{}", path.display(), tail(&stderr))
+        })),
+        Err(_) => None,
+    });
+    let code = status.code().unwrap_or_else(|| {
+        use std::os::unix::process::ExitStatusExt;
+        128 + status.signal().unwrap_or(0)
+    });
+    let run = Run { cmdline, code, stdout, stderr, stats };
+    assert!(
+        !timed_out,
+        "the run did not finish in {} s and was killed\n{}",
+        HANG_LIMIT.as_secs(),
+        run.describe()
+    );
+    run
+}
+
+/// `folioswap run OPTS [--stats-json STATS] -- PROGRAM...`.
+fn under<S: AsRef<OsStr>>(opts: &[&str], stats_json: Option<&Path>, program: &[S]) -> Run {
+    under_env(opts, stats_json, program, &[])
+}
+
+fn under_env<S: AsRef<OsStr>>(
+    opts: &[&str],
+    stats_json: Option<&Path>,
+    program: &[S],
+    env: &[(&str, &str)],
+) -> Run {
+    let mut cmd = Command::new(folioswap());
+    cmd.arg("run").args(opts);
+    if let Some(path) = stats_json {
+        cmd.arg("--stats-json").arg(path);
+    }
+    cmd.arg("--").args(program);
+    cmd.envs(env.iter().copied());
+    run_command(cmd, stats_json)
+}
+
+/// PROGRAM... directly, without folioswap.
+fn direct<S: AsRef<OsStr>>(program: &[S], env: &[(&str, &str)]) -> Run {
+    let mut cmd = Command::new(&program[0]);
+    cmd.args(&program[1..]).envs(env.iter().copied());
+    run_command(cmd, None)
+}
+
+/// Whether `path` is on tmpfs.
+fn on_tmpfs(path: &Path) -> bool {
+    let c = std::ffi::CString::new(s(path)).unwrap();
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    assert_eq!(r, 0, "statfs {}: {}", path.display(), io::Error::last_os_error());
+    st.f_type as i64 == TMPFS_MAGIC
+}
+
+/// Compare two files byte for byte, saying where they first differ.
+fn assert_same_file(got: &Path, expected: &Path, context: &dyn Fn() -> String) {
+    let a = fs::read(got).unwrap_or_else(|e| panic!("cannot read {}: {e}\n{}", got.display(), context()));
+    let b = fs::read(expected).unwrap_or_else(|e| panic!("cannot read {}: {e}", expected.display()));
+    if a != b {
+        let at = a.iter().zip(&b).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
+        panic!(
+            "{} ({} bytes) differs from {} ({} bytes) first at byte {at}\n{}",
+            got.display(),
+            a.len(),
+            expected.display(),
+            b.len(),
+            context()
+        );
+    }
+}
+
+// ---- tests --------------------------------------------------------------------------
+
+/// malloc, mmap, calloc and realloc'd memory written from threads, then fork: parent and
+/// child each see their own copy, all of it swapped through the pool.
+#[test]
+fn alloc_fork_under_run() {
+    let _serial = serial();
+    let prog = test_program("alloc_fork");
+    let dir = TempDir::new("alloc_fork");
+    let stats = dir.join("stats.json");
+    let run = under(&["--memory-high", "64M", "--folio", "2M"], Some(&stats), &[s(&prog), "256", "4"]);
+    run.assert_success();
+    run.assert_stdout_line("child OK");
+    run.assert_stdout_line("parent OK");
+    run.assert_total_positive("zswpout");
+    run.assert_total_positive("zswpin");
+}
+
+/// As above with 64 KiB folios and a pool too small for the data: the rest goes to the
+/// swap file, which is gone when the run ends.
+#[test]
+fn alloc_fork_swap_file_under_run() {
+    let _serial = serial();
+    let prog = test_program("alloc_fork");
+    let dir = TempDir::new("alloc_fork_swap");
+    let swap_dir = TempDir::new("alloc_fork_swapdir");
+    let stats = dir.join("stats.json");
+    let swap_spec = format!("{}:512M", s(swap_dir.path()));
+    let run = under(
+        &["--memory-high", "64M", "--folio", "64K", "--swap-file", &swap_spec, "--max-pool", "8M"],
+        Some(&stats),
+        &[s(&prog), "256", "4"],
+    );
+    run.assert_success();
+    run.assert_stdout_line("child OK");
+    run.assert_stdout_line("parent OK");
+    run.assert_total_positive("pswpout");
+    assert!(
+        swap_dir.entries().is_empty(),
+        "the swap directory still holds {:?} after the run\n{}",
+        swap_dir.entries(),
+        run.describe()
+    );
+}
+
+/// read(2), write(2), O_DIRECT and futexes on managed memory that is being swapped.
+#[test]
+fn io_syscalls_under_run() {
+    let _serial = serial();
+    let prog = test_program("io_syscalls");
+    // /var/tmp rather than the target dir or /tmp: usually a disk file system, where
+    // O_DIRECT works.
+    let var_tmp = Path::new("/var/tmp");
+    let parent = if var_tmp.is_dir() { var_tmp } else { Path::new(TMP) };
+    let dir = TempDir::new_in(parent, "io_syscalls");
+    let stats_dir = TempDir::new("io_syscalls_stats");
+    let stats = stats_dir.join("stats.json");
+    let tmpfs = on_tmpfs(dir.path());
+
+    let run = under(&["--memory-high", "32M", "--folio", "64K"], Some(&stats), &[s(&prog), s(dir.path()), "96"]);
+    run.assert_success();
+    run.assert_stdout_line("read OK");
+    run.assert_stdout_line("write OK");
+    assert!(
+        run.stdout.lines().any(|l| l.starts_with("futex OK")),
+        "stdout has no \"futex OK\" line\n{}",
+        run.describe()
+    );
+    if !tmpfs {
+        run.assert_stdout_line("O_DIRECT OK");
+    } else {
+        assert!(
+            run.stdout.lines().any(|l| l == "O_DIRECT OK" || l.starts_with("O_DIRECT unsupported")),
+            "stdout has no O_DIRECT line\n{}",
+            run.describe()
+        );
+    }
+    run.assert_total_positive("zswpout");
+}
+
+/// CPython's bytearray (malloc/realloc) filled, hashed, and the digest compared with a run
+/// without folioswap.
+#[test]
+fn python_bytearray_under_run() {
+    let _serial = serial();
+    require_tool("python3", "python_bytearray_under_run");
+    let script = "import hashlib\n\
+                  b = bytearray(256 << 20)\n\
+                  for i in range(256):\n    \
+                      b[i << 20:(i + 1) << 20] = hashlib.shake_256(i.to_bytes(4, 'little')).digest(1 << 20)\n\
+                  print(hashlib.sha256(b).hexdigest())\n";
+    let expected = direct(&["python3", "-c", script], &[]);
+    expected.assert_success();
+    let digest = expected.stdout.trim();
+    assert!(
+        digest.len() == 64 && digest.chars().all(|c| c.is_ascii_hexdigit()),
+        "the reference run printed no digest\n{}",
+        expected.describe()
+    );
+
+    let dir = TempDir::new("python");
+    let stats = dir.join("stats.json");
+    let run = under(&["--memory-high", "64M", "--folio", "2M"], Some(&stats), &["python3", "-c", script]);
+    run.assert_success();
+    assert_eq!(run.stdout.trim(), digest, "the digest differs from the run without folioswap\n{}", run.describe());
+    run.assert_total_positive("zswpout");
+}
+
+/// ~96 MiB of deterministic pseudo-random text lines.
+fn write_lines(path: &Path, bytes: usize) {
+    use std::io::Write;
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut out = io::BufWriter::with_capacity(1 << 20, fs::File::create(path).unwrap());
+    let prefixes: [&[u8]; 4] = [b"", b"alpha ", b"alpha beta ", b"zeta "];
+    let mut written = 0;
+    let mut line = Vec::with_capacity(256);
+    while written < bytes {
+        line.clear();
+        let r = next();
+        line.extend_from_slice(prefixes[(r & 3) as usize]);
+        let len = 4 + (r >> 8) as usize % 100;
+        for _ in 0..len {
+            let c = next() % 40;
+            line.push(match c {
+                0..=25 => b'a' + c as u8,
+                26..=35 => b'0' + (c - 26) as u8,
+                36 => b' ',
+                37 => b'-',
+                38 => b'A' + (next() % 26) as u8,
+                _ => b'_',
+            });
+        }
+        line.push(b'\n');
+        out.write_all(&line).unwrap();
+        written += line.len();
+    }
+    out.flush().unwrap();
+}
+
+/// GNU sort of a file larger than the limit, in its big malloc'd buffer (sorting it is
+/// random access over the whole buffer, so 4K folios), output compared with sort run
+/// directly.
+#[test]
+fn sort_under_run() {
+    let _serial = serial();
+    require_tool("sort", "sort_under_run");
+    let dir = TempDir::new("sort");
+    let input = dir.join("input.txt");
+    let expected = dir.join("expected.txt");
+    let output = dir.join("output.txt");
+    let stats = dir.join("stats.json");
+    write_lines(&input, 48 << 20);
+    let env = [("LC_ALL", "C")];
+
+    let reference = direct(&["sort", "-S", "128M", "-T", s(dir.path()), s(&input), "-o", s(&expected)], &env);
+    reference.assert_success();
+
+    let run = under_env(
+        &["--memory-high", "40M", "--folio", "4K"],
+        Some(&stats),
+        &["sort", "-S", "128M", "-T", s(dir.path()), s(&input), "-o", s(&output)],
+        &env,
+    );
+    run.assert_success();
+    assert_same_file(&output, &expected, &|| run.describe());
+    assert!(
+        run.total("zswpout") > 0,
+        "sort's buffer was not swapped out (is it malloc'd in one block >= 1 MiB and interposed?)\n{}",
+        run.describe()
+    );
+}
+
+/// A program killed by SIGKILL while its memory is in the swap file: the run reports
+/// 128+9 and leaves nothing in the swap directory, given as a directory or as a file.
+#[test]
+fn crash_leaves_no_swap_file() {
+    let _serial = serial();
+    let prog = test_program("crash");
+    for as_file in [false, true] {
+        let swap_dir = TempDir::new("crash_swapdir");
+        let spec = if as_file {
+            format!("{}:256M", s(&swap_dir.join("swapfile")))
+        } else {
+            format!("{}:256M", s(swap_dir.path()))
+        };
+        let run = under(
+            &["--memory-high", "32M", "--swap-file", &spec, "--max-pool", "4M"],
+            None,
+            &[s(&prog), "128"],
+        );
+        run.assert_stdout_line("allocated");
+        run.assert_code(128 + libc::SIGKILL);
+        assert!(
+            swap_dir.entries().is_empty(),
+            "--swap-file {spec}: the directory still holds {:?} after the program was killed\n{}",
+            swap_dir.entries(),
+            run.describe()
+        );
+    }
+}
+
+/// Bad option values and a missing program fail with a message, and don't run anything.
+#[test]
+fn bad_options_fail_clearly() {
+    let _serial = serial();
+    for (opt, value) in [("--memory-high", "lots"), ("--folio", "3K")] {
+        let run = under(&[opt, value], None, &["true"]);
+        assert_ne!(run.code, 0, "{opt} {value} was accepted\n{}", run.describe());
+        assert!(run.stderr.contains(value), "the error does not name the bad value {value:?}\n{}", run.describe());
+    }
+    for program in ["/nonexistent-folioswap-dir/no-such-program", "folioswap-no-such-program"] {
+        let run = under(&["--quiet"], None, &[program]);
+        run.assert_code(127);
+        assert!(
+            run.stderr.contains("no-such-program"),
+            "the error does not name the missing program\n{}",
+            run.describe()
+        );
+    }
+}
+
+/// The usemem clone: two processes of 96 MiB, two rounds each, under one 64 MiB limit.
+#[test]
+fn usemem_clone_under_run() {
+    let _serial = serial();
+    let prog = usemem();
+    let dir = TempDir::new("usemem");
+    let stats = dir.join("stats.json");
+    let run = under(
+        &["--memory-high", "64M", "--folio", "64K"],
+        Some(&stats),
+        &[s(&prog), "-n", "2", "-r", "2", "-v", "96M"],
+    );
+    run.assert_success();
+    let verified = run.stdout.lines().filter(|l| l.starts_with("verified ")).count();
+    let speed = run.stdout.lines().filter(|l| l.ends_with(" KB/s")).count();
+    assert_eq!((verified, speed), (2, 2), "expected two \"verified\" and two \"KB/s\" lines\n{}", run.describe());
+    let processes = run.stats()["processes"].as_u64();
+    assert!(
+        processes.is_some_and(|n| n >= 2),
+        "expected the stats of at least 2 processes\n{}",
+        run.describe()
+    );
+    run.assert_total_positive("zswpout");
+}
