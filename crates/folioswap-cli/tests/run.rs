@@ -41,12 +41,14 @@ fn serial() -> MutexGuard<'static, ()> {
 
 /// The folioswap binary, after checking that the library it preloads was built.
 fn folioswap() -> &'static str {
-    let lib = Path::new(FOLIOSWAP).with_file_name("libfolioswap.so");
+    let beside = Path::new(FOLIOSWAP).with_file_name("libfolioswap.so");
+    let in_deps = Path::new(FOLIOSWAP).with_file_name("deps").join("libfolioswap.so");
     assert!(
-        lib.is_file(),
-        "{} is missing: `folioswap run` preloads it from next to the folioswap binary.\n\
+        beside.is_file() || in_deps.is_file(),
+        "{} (or {}) is missing: `folioswap run` preloads it from next to the folioswap binary.\n\
          Build it first with `cargo build -p folioswap-preload` (`cargo test --workspace` builds it too).",
-        lib.display()
+        beside.display(),
+        in_deps.display()
     );
     FOLIOSWAP
 }
