@@ -92,35 +92,22 @@ pub extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     if p.is_null() {
         return malloc(size);
     }
-    let Some(old_len) = block_len(p) else {
-        if !wanted(size) {
-            // SAFETY: `p` is libc's.
-            return unsafe { __libc_realloc(p, size) };
+    let old_len = match block_len(p) {
+        Some(_) if size == 0 => {
+            free(p);
+            return std::ptr::null_mut();
         }
+        Some(len) if size <= len => return p,
+        Some(len) => len,
+        // SAFETY: `p` is libc's, and stays below the threshold.
+        None if !wanted(size) => return unsafe { __libc_realloc(p, size) },
         // Grown past the threshold: into a managed block.
-        let old_len = libc_usable_size(p);
-        let Some(new) = managed(size, 0, Origin::Malloc) else {
-            // SAFETY: `p` is libc's.
-            return unsafe { __libc_realloc(p, size) };
-        };
-        // SAFETY: both blocks hold at least the bytes copied; they do not overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(p.cast::<u8>(), new.cast::<u8>(), old_len.min(size));
-            __libc_free(p);
-        }
-        return new;
+        None => libc_usable_size(p),
     };
-    if size == 0 {
-        free(p);
-        return std::ptr::null_mut();
-    }
-    if size <= old_len {
-        return p;
-    }
     let new = malloc(size);
     if !new.is_null() {
-        // SAFETY: the old block is `old_len` bytes, the new one `size` > old_len.
-        unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), new.cast::<u8>(), old_len) };
+        // SAFETY: the old block holds `old_len` bytes, the new one `size`; they do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), new.cast::<u8>(), old_len.min(size)) };
         free(p);
     }
     new
@@ -222,7 +209,7 @@ pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: usize, prot: i32, flags:
 /// As munmap(2).
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
-    if maybe_block(addr) || BLOCKS.load(Ordering::Relaxed) > 0 {
+    if BLOCKS.load(Ordering::Relaxed) > 0 {
         let mut st = state::lock();
         let start = addr as usize;
         if let Some((block_start, block)) = st.block_containing(start) {
@@ -255,31 +242,28 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
 #[no_mangle]
 pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: i32, new_addr: *mut c_void) -> *mut c_void {
     let new_addr = if flags & libc::MREMAP_FIXED != 0 { new_addr } else { std::ptr::null_mut() };
-    if maybe_block(old) {
-        let block = state::lock().block(old as usize).map(|b| (b.len, b.requested));
-        if let Some((len, _)) = block {
-            if flags & libc::MREMAP_FIXED == 0 && new_len <= len {
-                return old;
+    if let Some(len) = block_len(old) {
+        if flags & libc::MREMAP_FIXED == 0 && new_len <= len {
+            return old;
+        }
+        if flags & libc::MREMAP_MAYMOVE == 0 || flags & libc::MREMAP_FIXED != 0 {
+            set_errno(libc::ENOMEM);
+            return libc::MAP_FAILED;
+        }
+        let new = managed(new_len, 0, Origin::Mmap).unwrap_or_else(|| {
+            // SAFETY: a fresh anonymous mapping; checked below.
+            unsafe {
+                libc::syscall(libc::SYS_mmap, 0usize, new_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+                    as *mut c_void
             }
-            if flags & libc::MREMAP_MAYMOVE == 0 || flags & libc::MREMAP_FIXED != 0 {
-                set_errno(libc::ENOMEM);
-                return libc::MAP_FAILED;
-            }
-            let new = managed(new_len, 0, Origin::Mmap).unwrap_or_else(|| {
-                // SAFETY: a fresh anonymous mapping; checked below.
-                unsafe {
-                    libc::syscall(libc::SYS_mmap, 0usize, new_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
-                        as *mut c_void
-                }
-            });
-            if new == libc::MAP_FAILED {
-                return new;
-            }
-            // SAFETY: the old block has `old_len.min(len)` readable bytes, the new one `new_len`.
-            unsafe { std::ptr::copy_nonoverlapping(old.cast::<u8>(), new.cast::<u8>(), old_len.min(len).min(new_len)) };
-            state::lock().release(old as usize);
+        });
+        if new == libc::MAP_FAILED {
             return new;
         }
+        // SAFETY: the old block has `old_len.min(len)` readable bytes, the new one `new_len`.
+        unsafe { std::ptr::copy_nonoverlapping(old.cast::<u8>(), new.cast::<u8>(), old_len.min(len).min(new_len)) };
+        state::lock().release(old as usize);
+        return new;
     }
     // SAFETY: per the function contract.
     unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) as *mut c_void }

@@ -236,12 +236,11 @@ extern "C" fn fork_child() {
 }
 
 extern "C" fn at_exit() {
-    let state = lock();
+    let mut state = lock();
     let Some(engine) = state.engine.as_ref() else { return };
     engine.leave_shared_limit();
-    if let Some(dir) = std::env::var_os("FOLIOSWAP_STATS_DIR") {
+    if let (Some(dir), Ok(Some(stats))) = (std::env::var_os("FOLIOSWAP_STATS_DIR"), state.stats_json()) {
         let path = std::path::Path::new(&dir).join(format!("stats-{}.json", std::process::id()));
-        let stats = serde_json::to_string(&engine.stats()).expect("stats serialise");
         if let Err(e) = std::fs::write(&path, stats) {
             eprintln!("folioswap: cannot write {}: {e}", path.display());
         }

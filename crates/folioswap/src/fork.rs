@@ -35,9 +35,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::RwLockWriteGuard;
 
-/// `madvise` advice (Linux 5.14+) the libc crate may not name.
-const MADV_POPULATE_READ: i32 = 22;
-
 /// Held from [`Engine::prepare_fork`] until the fork has happened; then call
 /// [`parent`](ForkGuard::parent) in the parent, [`child`](ForkGuard::child) in the child.
 #[must_use = "call parent() or child() after the fork"]
@@ -91,15 +88,14 @@ impl Shared {
     /// The descriptors the engine holds.
     fn raw_fds(&self) -> Vec<i32> {
         use std::os::fd::AsRawFd;
-        let mut fds = vec![self.uffd.as_raw_fd(), self.kick_fd.as_raw_fd()];
+        let mut fds = vec![self.uffd.raw_fd(), self.kick_fd.as_raw_fd()];
         fds.extend(self.staging.raw_fds());
         fds.extend(self.swap.as_ref().and_then(|dev| dev.io.raw_fd()));
         fds
     }
 
-    /// Fault back every folio of an inherited region that is not in memory. Returns the
-    /// folios brought in.
-    fn swap_in_for_fork(&self) -> u64 {
+    /// Fault back every folio of an inherited region that is not in memory.
+    fn swap_in_for_fork(&self) {
         let mut brought = 0;
         for piece in ADDRESS_MAP.overlapping(self.id, 0, usize::MAX) {
             let table = &piece.table;
@@ -112,14 +108,14 @@ impl Shared {
             while page < end {
                 let head = table.head_of(page);
                 let split = folio_pages == 1 || table.entry(head).load().has(SPLIT);
-                let (first, next) = if split { (page, page + 1) } else { (page, (head + folio_pages).min(end)) };
+                let next = if split { page + 1 } else { (head + folio_pages).min(end) };
                 let kind = table.entry(if split { page } else { head }).load().kind();
                 if matches!(kind, Kind::Pool | Kind::Swapped | Kind::SwapCache) {
-                    let addr = piece.addr + (first - piece.page) * PAGE_SIZE;
+                    let addr = piece.addr + (page - piece.page) * PAGE_SIZE;
                     // SAFETY: the range lies in a mapping of this region; POPULATE_READ
                     // faults it in as a read would, and fails (EFAULT) rather than
                     // crash if the program unmapped it meanwhile.
-                    if unsafe { crate::sys::madvise(addr as *mut libc::c_void, (next - first) * PAGE_SIZE, MADV_POPULATE_READ) } == 0 {
+                    if unsafe { crate::sys::madvise(addr as *mut libc::c_void, (next - page) * PAGE_SIZE, crate::sys::MADV_POPULATE_READ) } == 0 {
                         brought += 1;
                     }
                 }
@@ -127,6 +123,5 @@ impl Shared {
             }
         }
         self.counters.vm.fork_swapin.add(brought);
-        brought
     }
 }

@@ -214,15 +214,12 @@ thread_local! {
     static DIRECT_SCRATCH: RefCell<CodecScratch> = RefCell::new(CodecScratch::new());
 }
 
-/// A background reclaimer: sleeps under the high watermark, evicts down to the low one.
-/// With a swap file it is also zswap's shrink worker: it writes the pool's oldest entries
-/// back while the pool is over its accept threshold.
-/// `madvise` advice (Linux 5.14+) the libc crate may not name.
-const MADV_POPULATE_WRITE: i32 = 23;
-
 /// EBUSY/EAGAIN answers in a row at one page before an eviction gives the folio up for now.
 const MOVE_BUSY_RETRIES: u32 = 64;
 
+/// A background reclaimer: sleeps under the high watermark, evicts down to the low one.
+/// With a swap file it is also zswap's shrink worker: it writes the pool's oldest entries
+/// back while the pool is over its accept threshold.
 pub(crate) fn kswapd(shared: Arc<Shared>) {
     let mut scratch = CodecScratch::new();
     while !shared.stop.load(Ordering::Acquire) {
@@ -444,15 +441,14 @@ impl Shared {
                     done += err.done;
                     busy_times = if busy_at == done { busy_times + 1 } else { 0 };
                     busy_at = done;
-                    if busy_times >= MOVE_BUSY_RETRIES {
-                        // Pinned (O_DIRECT in flight) or a large folio the kernel cannot
-                        // split now: try other folios first.
-                        return self.move_back(addr, dst, done, true);
-                    }
                     // MOVE takes only pages this process owns alone; after a fork they are
-                    // shared with the child until one of the two writes them.
-                    if err.is(libc::EBUSY) && busy_times == 0 && !self.break_cow(addr + done, len - done) {
-                        return self.move_back(addr, dst, done, true);
+                    // shared with the child until one of the two writes them. Pinned pages
+                    // (O_DIRECT in flight) or a large folio the kernel cannot split now
+                    // stay busy: then try other folios first.
+                    let unshareable = err.is(libc::EBUSY) && busy_times == 0 && !self.break_cow(addr + done, len - done);
+                    if unshareable || busy_times >= MOVE_BUSY_RETRIES {
+                        self.move_back(addr, dst, done);
+                        return Err(true);
                     }
                     std::thread::yield_now();
                 }
@@ -462,7 +458,7 @@ impl Shared {
                 Err(err) => {
                     done += err.done;
                     // Put back what moved, so the folios stay whole where they were.
-                    let _ = self.move_back(addr, dst, done, true);
+                    self.move_back(addr, dst, done);
                     // ENOENT/EINVAL: the program unmapped (part of) the range and the
                     // kernel's UNMAP event is not read yet; the event will drop the folio.
                     if err.is(libc::ENOENT) || err.is(libc::EINVAL) {
@@ -477,11 +473,10 @@ impl Shared {
     }
 
     /// Undo the first `done` bytes of a `move_out`.
-    fn move_back(&self, addr: usize, dst: usize, done: usize, again: bool) -> Result<(), bool> {
+    fn move_back(&self, addr: usize, dst: usize, done: usize) {
         if done > 0 {
             let _ = self.uffd.move_pages(addr, dst, done, true);
         }
-        Err(again)
     }
 
     /// Give this process its own copy of the pages in `[addr, addr + len)` (the kernel's
@@ -495,7 +490,7 @@ impl Shared {
         self.counters.vm.cow_unshare.inc();
         // SAFETY: the range lies in a live region (the caller holds the gate and the
         // folios' locks) and is fully present; POPULATE_WRITE changes no contents.
-        unsafe { crate::sys::madvise(addr as *mut libc::c_void, len, MADV_POPULATE_WRITE) == 0 }
+        unsafe { crate::sys::madvise(addr as *mut libc::c_void, len, crate::sys::MADV_POPULATE_WRITE) == 0 }
     }
 
     /// The swap cache lets go of a folio's staged copy (stored, discarded, or copied back):

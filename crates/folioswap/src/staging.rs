@@ -131,8 +131,7 @@ impl Staging {
 
     /// The descriptors this staging area holds: its userfaultfd and pagemap.
     pub fn raw_fds(&self) -> [std::os::fd::RawFd; 2] {
-        use std::os::fd::AsRawFd;
-        [self.uffd().as_raw_fd(), self.pagemap.as_raw_fd()]
+        [self.uffd.raw_fd(), self.pagemap.raw_fd()]
     }
 
     pub fn uffd(&self) -> &Uffd {

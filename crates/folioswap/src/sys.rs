@@ -6,6 +6,11 @@
 //! them out of any interposer. Same signatures and error convention (-1 or MAP_FAILED
 //! with errno set) as the libc functions they replace.
 
+/// `madvise` advice (Linux 5.14+) the libc crate does not name: fault a range in as a
+/// read would, or as a write would (breaking copy on write), without touching it.
+pub(crate) const MADV_POPULATE_READ: i32 = 22;
+pub(crate) const MADV_POPULATE_WRITE: i32 = 23;
+
 /// # Safety
 /// As `mmap(2)`: the caller owns whatever range the kernel may replace (none without MAP_FIXED).
 pub(crate) unsafe fn mmap(addr: *mut libc::c_void, len: usize, prot: i32, flags: i32, fd: i32, off: libc::off_t) -> *mut libc::c_void {

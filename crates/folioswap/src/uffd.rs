@@ -174,18 +174,6 @@ pub struct Uffd {
     fd: OwnedFd,
 }
 
-impl AsRawFd for Uffd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
-}
-
-impl AsRawFd for PageMap {
-    fn as_raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
-}
-
 const FEATURE_NAMES: &[(u64, &str)] = &[
     (FEATURE_EVENT_REMAP, "UFFD_FEATURE_EVENT_REMAP"),
     (FEATURE_EVENT_REMOVE, "UFFD_FEATURE_EVENT_REMOVE"),
@@ -381,6 +369,10 @@ impl PageMap {
         }
         // SAFETY: fresh descriptor owned by nobody else.
         Ok(PageMap { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
     }
 
     /// Bytes of `[start, start + len)` mapped by huge (PMD) entries.
