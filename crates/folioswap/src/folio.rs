@@ -19,7 +19,7 @@
 //!       │  └── REMOVE (DONTNEED) of any state                           folio, no data kept)
 //!       └───── (UNMAP of any state goes to Gone instead)
 //!
-//!   With a swap file (`page_io.rs`):
+//!   With a swap file (`tier.rs`):
 //!   SwapCache ── pool refuses / full / compresses poorly: written to the file ──▶ Swapped
 //!   Pool ─────── writeback of the pool's coldest entries (zswpwb) ─────────────▶ Swapped
 //!   Swapped ──── fault: read into staging, checksum verified, MOVE/COPY in ────▶ Resident
@@ -41,7 +41,7 @@
 //!   that finds it sets `WANTED` and sleeps until the compressor gives the folio back
 //!   (it then discards its work: the folio is hot again).
 //! - `PENDING`: a REMOVE/UNMAP/REMAP event covering this folio was read and not yet
-//!   applied. It is set without the lock, under the event gate (see `events.rs`), and
+//!   applied. It is set without the lock, under the event gate (see `gate.rs`), and
 //!   every path that would install or evict the folio applies the event first.
 //! - `SPLIT` (head only): the folio is split into order-0 pages.
 //! - `HUGE`: the folio's pages are a PMD-mapped THP (2 MiB folios only).

@@ -16,7 +16,7 @@
 //!
 //! After the fork the parent resumes ([`ForkGuard::parent`]). Its pages are now shared
 //! copy on write with the child, and UFFDIO_MOVE refuses shared pages (EBUSY), so an
-//! eviction first gives the parent its own copy (`break_cow` in reclaim.rs, counted as
+//! eviction first gives the parent its own copy (`break_cow` in evict.rs, counted as
 //! `cow_unshare`). The child ([`ForkGuard::child`]) abandons the parent's engine without
 //! running any of it, since its locks may be held by threads that do not exist in the
 //! child: it closes the engine's descriptors (so the swap file's space goes when the
@@ -27,9 +27,10 @@
 //! memory_high. Programs that fork and exec should prefer posix_spawn/vfork, which copy
 //! nothing and need none of this.
 
-use crate::engine::{Engine, Shared, ADDRESS_MAP};
+use crate::addrmap::{MapEntry, ADDRESS_MAP};
+use crate::engine::Engine;
 use crate::folio::{Kind, SPLIT};
-use crate::region::MapEntry;
+use crate::mm::Mm;
 use crate::size::PAGE_SIZE;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -48,10 +49,10 @@ impl Engine {
     /// child inherits comes back in, and nothing is evicted until the guard is released.
     /// Fork while holding the guard (pthread_atfork's prepare handler is the place).
     pub fn prepare_fork(&self) -> ForkGuard {
-        let shared = self.shared();
-        shared.memcg.suspend(true);
-        shared.reclaim.quiesce();
-        shared.swap_in_for_fork();
+        let mm = self.mm();
+        mm.memcg.suspend(true);
+        mm.reclaim.quiesce();
+        swap_in_for_fork(mm);
         ForkGuard { engine: self.clone(), map: ADDRESS_MAP.lock_for_fork() }
     }
 }
@@ -61,9 +62,9 @@ impl ForkGuard {
     pub fn parent(self) {
         let ForkGuard { engine, map } = self;
         drop(map);
-        let shared = engine.shared();
-        shared.memcg.suspend(false);
-        shared.reclaim.wake_all();
+        let mm = engine.mm();
+        mm.memcg.suspend(false);
+        mm.reclaim.wake_all();
     }
 
     /// In the child, after the fork: let go of the parent's engine without running it.
@@ -72,10 +73,10 @@ impl ForkGuard {
     /// `std::mem::forget`).
     pub fn child(self) {
         let ForkGuard { engine, mut map } = self;
-        let id = engine.shared().id;
+        let id = engine.mm().id;
         map.retain(|_, entry| entry.engine.id != id);
         drop(map);
-        for fd in engine.shared().raw_fds() {
+        for fd in raw_fds(engine.mm()) {
             // SAFETY: each descriptor belongs to the abandoned engine, which no code in
             // this process uses again.
             unsafe { libc::close(fd) };
@@ -84,44 +85,42 @@ impl ForkGuard {
     }
 }
 
-impl Shared {
-    /// The descriptors the engine holds.
-    fn raw_fds(&self) -> Vec<i32> {
-        use std::os::fd::AsRawFd;
-        let mut fds = vec![self.uffd.raw_fd(), self.kick_fd.as_raw_fd()];
-        fds.extend(self.staging.raw_fds());
-        fds.extend(self.swap.as_ref().and_then(|dev| dev.io.raw_fd()));
-        fds
-    }
+/// The descriptors the engine holds.
+fn raw_fds(mm: &Mm) -> Vec<i32> {
+    use std::os::fd::AsRawFd;
+    let mut fds = vec![mm.uffd.raw_fd(), mm.kick_fd.as_raw_fd()];
+    fds.extend(mm.staging.raw_fds());
+    fds.extend(mm.tiers.file.as_ref().and_then(|dev| dev.io.raw_fd()));
+    fds
+}
 
-    /// Fault back every folio of an inherited region that is not in memory.
-    fn swap_in_for_fork(&self) {
-        let mut brought = 0;
-        for piece in ADDRESS_MAP.overlapping(self.id, 0, usize::MAX) {
-            let table = &piece.table;
-            if !table.keep_on_fork || table.dead.load(Ordering::Acquire) {
-                continue;
-            }
-            let folio_pages = table.folio.pages();
-            let end = piece.page + piece.pages;
-            let mut page = piece.page;
-            while page < end {
-                let head = table.head_of(page);
-                let split = folio_pages == 1 || table.entry(head).load().has(SPLIT);
-                let next = if split { page + 1 } else { (head + folio_pages).min(end) };
-                let kind = table.entry(if split { page } else { head }).load().kind();
-                if matches!(kind, Kind::Pool | Kind::Swapped | Kind::SwapCache) {
-                    let addr = piece.addr + (page - piece.page) * PAGE_SIZE;
-                    // SAFETY: the range lies in a mapping of this region; POPULATE_READ
-                    // faults it in as a read would, and fails (EFAULT) rather than
-                    // crash if the program unmapped it meanwhile.
-                    if unsafe { crate::sys::madvise(addr as *mut libc::c_void, (next - page) * PAGE_SIZE, crate::sys::MADV_POPULATE_READ) } == 0 {
-                        brought += 1;
-                    }
-                }
-                page = next;
-            }
+/// Fault back every folio of an inherited region that is not in memory.
+fn swap_in_for_fork(mm: &Mm) {
+    let mut brought = 0;
+    for piece in ADDRESS_MAP.overlapping(mm.id, 0, usize::MAX) {
+        let table = &piece.table;
+        if !table.keep_on_fork || table.dead.load(Ordering::Acquire) {
+            continue;
         }
-        self.counters.vm.fork_swapin.add(brought);
+        let folio_pages = table.folio.pages();
+        let end = piece.page + piece.pages;
+        let mut page = piece.page;
+        while page < end {
+            let head = table.head_of(page);
+            let split = folio_pages == 1 || table.entry(head).load().has(SPLIT);
+            let next = if split { page + 1 } else { (head + folio_pages).min(end) };
+            let kind = table.entry(if split { page } else { head }).load().kind();
+            if matches!(kind, Kind::Pool | Kind::Swapped | Kind::SwapCache) {
+                let addr = piece.addr + (page - piece.page) * PAGE_SIZE;
+                // SAFETY: the range lies in a mapping of this region; POPULATE_READ
+                // faults it in as a read would, and fails (EFAULT) rather than
+                // crash if the program unmapped it meanwhile.
+                if unsafe { crate::sys::madvise(addr as *mut libc::c_void, (next - page) * PAGE_SIZE, crate::sys::MADV_POPULATE_READ) } == 0 {
+                    brought += 1;
+                }
+            }
+            page = next;
+        }
     }
+    mm.counters.vm.fork_swapin.add(brought);
 }

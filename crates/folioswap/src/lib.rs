@@ -14,35 +14,65 @@
 //! # Ok(()) }
 //! ```
 //!
-//! One module per kernel concept; `ARCHITECTURE.md` at the repository root maps them:
-//! `folio` (the state machine), `region` (VMAs and folio tables), `fault` (do_swap_page),
-//! `reclaim` (LRU, kswapd, direct reclaim), `memcg` (charging and watermarks), `staging`
-//! and the swap cache, `zswap` (the compressed pool), `events` (DONTNEED/munmap/mremap),
-//! `uffd` (the raw ioctls), `stats` (counters under the kernel's names).
+//! The modules, from the ground up (each imports only modules listed before it;
+//! `ARCHITECTURE.md` at the repository root walks a fault and an eviction through them):
+//!
+//! - primitives: `sys` (raw mappings), `size`, `uffd` (the raw ioctls), `smaps`,
+//!   `config`, `error`, `stats` (counters under the kernel's names);
+//! - state, no behaviour beyond its own invariants: `folio` (the state machine),
+//!   `ra_window`, `table` (a region's folio table), `memcg` (charges and watermarks),
+//!   `staging`, `lru`, `reclaim_ctl`, `event_queue`, `ra_cache`, `zswap/` (the pool),
+//!   `swapfile/` (the swap file), `tier` (the tiers behind one face);
+//! - the context: `mm` (fields only, and the lock order);
+//! - what the paths share: `addrmap`, `gate` (the event gate), `install` (every
+//!   MOVE/COPY), `charge`, `release`;
+//! - the paths: `readahead`, `events` (DONTNEED/munmap/mremap), `evict`, `writeback`,
+//!   `reclaim` (kswapd, direct reclaim), `fault` (do_swap_page);
+//! - the public face: `engine`, `region`, `fork`.
 
-mod config;
-mod engine;
-mod error;
-mod events;
-mod fault;
-mod folio;
-mod fork;
-mod memcg;
-mod page_io;
-mod readahead;
-mod reclaim;
-mod region;
-mod size;
-mod smaps;
-mod staging;
-mod stats;
 mod sys;
-pub mod swapfile;
+mod size;
 mod uffd;
+mod smaps;
+mod config;
+mod error;
+mod stats;
+
+mod folio;
+mod ra_window;
+mod table;
+mod memcg;
+mod staging;
+mod lru;
+mod reclaim_ctl;
+mod event_queue;
+mod ra_cache;
 mod zswap;
+pub mod swapfile;
+mod tier;
+
+mod mm;
+
+mod addrmap;
+mod gate;
+mod install;
+mod charge;
+mod release;
+
+mod readahead;
+mod events;
+mod evict;
+mod writeback;
+mod reclaim;
+mod fault;
+
+mod engine;
+mod region;
+mod fork;
 
 pub use config::{Compressor, Config, FaultMode, LruPolicy, SwapFileSpec, ENV_VARS, PRELOAD_VARS};
-pub use engine::{Engine, Region};
+pub use engine::Engine;
+pub use region::Region;
 pub use fork::ForkGuard;
 pub use error::{Error, Result};
 pub use region::RegionOptions;

@@ -1,21 +1,26 @@
-//! Regions: managed mappings, their folio tables, and the address map that finds them.
+//! Regions: what `Engine::map` hands out, from mapping to drop.
 //!
-//! A [`Region`] is what `Engine::map` hands out: an anonymous mapping registered with the
-//! engine's userfaultfd, whose every page has an entry in a [`FolioTable`]. The table
-//! outlives address-space changes: `munmap` of part of a region takes pages out of the
-//! address map (they become Gone), and `mremap` moves pages to another address while they
-//! keep their entries, so a table's pages may end up in several *pieces*. The address map
-//! is process-wide because a SIGBUS handler, which serves faults in signal mode, can only
-//! find an engine from the faulting address.
-//!
-//! Pieces change only under the event gate held exclusively (see `events.rs`); everything
-//! that turns a page into an address for an ioctl holds the gate shared.
+//! A [`Region`] is an anonymous mapping registered with the engine's userfaultfd, whose
+//! every page has an entry in a folio table (`table.rs`), found from its addresses
+//! through the process-wide address map (`addrmap.rs`). Mapping it: reserve aligned
+//! address space, advise it (THP or not, DONTFORK unless it is kept on fork), build its
+//! table, register it, enter it in the address map under the gate. Dropping it: leave the
+//! address map under the gate, unregister and unmap every piece, release every folio's
+//! storage, and wait for evictions in flight on it to let go.
 
-use crate::folio::PageEntry;
+use crate::addrmap::{MapEntry, ADDRESS_MAP};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::folio::{Kind, CACHED, PENDING, SPLIT, WRITEBACK};
+use crate::mm::Mm;
+use crate::readahead::forget_readahead;
+use crate::reclaim_ctl::Wait;
+use crate::release::drop_storage;
 use crate::size::{FolioSize, PAGE_SIZE};
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::{Arc, RwLock};
+use crate::table::FolioTable;
+use crate::uffd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Per-region policy.
 #[derive(Clone, Debug, Default)]
@@ -47,265 +52,168 @@ impl RegionOptions {
     }
 }
 
-/// Reserve `len` bytes of address space aligned to `align` (a power of two). Returns the
-/// address or the errno of the failed mmap.
-pub(crate) fn map_aligned(len: usize, align: usize) -> Result<usize, i32> {
-    let total = len.checked_add(align).ok_or(libc::ENOMEM)?;
-    // SAFETY: an anonymous private mapping at a kernel-chosen address touches no existing memory.
-    let p = unsafe {
-        crate::sys::mmap(
-            std::ptr::null_mut(),
-            total,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM));
-    }
-    let start = p as usize;
-    let aligned = (start + align - 1) & !(align - 1);
-    // SAFETY: both trims lie inside the mapping just created and nothing refers to them.
-    unsafe {
-        if aligned > start {
-            crate::sys::munmap(p, aligned - start);
+impl Engine {
+    /// Map `len` bytes (rounded up to the folio size) of managed, zero-filled memory.
+    pub fn map(&self, len: usize, options: RegionOptions) -> Result<Region> {
+        let mm = self.mm();
+        let folio = options.folio_size.unwrap_or(mm.config.folio_size);
+        // Config::MIN_MEMORY_HIGH holds four folios of the largest size, so any folio size fits.
+        if len == 0 {
+            return Err(Error::InvalidRegion("a region must be at least one byte long".into()));
         }
-        let end = start + total;
-        if end > aligned + len {
-            crate::sys::munmap((aligned + len) as *mut libc::c_void, end - (aligned + len));
+        let len = len.checked_next_multiple_of(folio.bytes()).filter(|&l| l <= isize::MAX as usize);
+        let Some(len) = len else {
+            return Err(Error::Map { len: usize::MAX, errno: libc::ENOMEM });
+        };
+        let addr = crate::sys::map_aligned(len, folio.bytes().max(PAGE_SIZE)).map_err(|errno| Error::Map { len, errno })?;
+        let unmap = || {
+            // SAFETY: the mapping was created above and handed to nobody.
+            unsafe { crate::sys::munmap(addr as *mut libc::c_void, len) };
+        };
+        let advice = if folio.is_huge() { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
+        // SAFETY: advice on the fresh mapping only changes paging policy. DONTFORK unless
+        // asked otherwise: a child inherits neither the engine nor the swapped-out data,
+        // so without `prepare_fork` it would see a half of this memory (`fork.rs`).
+        let advised = unsafe {
+            crate::sys::madvise(addr as *mut libc::c_void, len, advice) == 0
+                && (options.keep_on_fork || crate::sys::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTFORK) == 0)
+        };
+        if !advised {
+            let e = std::io::Error::last_os_error();
+            unmap();
+            return Err(Error::sys("madvise on a new region", e));
         }
-    }
-    Ok(aligned)
-}
-
-/// A run of a table's pages mapped at one address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Piece {
-    pub page: usize,
-    pub pages: usize,
-    pub addr: usize,
-}
-
-/// The entries of one region's pages, and where those pages are mapped now.
-pub(crate) struct FolioTable {
-    pub folio: FolioSize,
-    pub pages: usize,
-    entries: *mut PageEntry,
-    pub pieces: RwLock<Vec<Piece>>,
-    /// Set when the region is dropped: LRU entries of a dead table are skipped.
-    pub dead: AtomicBool,
-    /// Folios of this table that an eviction moved out and has not yet published (or
-    /// dropped): dropping the region waits for them, so that it returns everything.
-    pub evicting: AtomicUsize,
-    /// The region's readahead window and counters (`readahead.rs`).
-    pub ra: crate::readahead::RegionRa,
-    /// A forked child inherits the region (`fork.rs`).
-    pub keep_on_fork: bool,
-}
-
-// SAFETY: `entries` points to a mapping owned by the table for its whole life; every
-// access goes through the atomic fields of PageEntry.
-unsafe impl Send for FolioTable {}
-// SAFETY: as above; shared access is only through atomics.
-unsafe impl Sync for FolioTable {}
-
-impl FolioTable {
-    pub fn new(folio: FolioSize, pages: usize, addr: usize) -> Result<FolioTable, i32> {
-        let bytes = (pages * std::mem::size_of::<PageEntry>()).next_multiple_of(PAGE_SIZE);
-        let entries = map_aligned(bytes, PAGE_SIZE)?;
-        // SAFETY: the range is the mapping just created; advice only changes paging policy.
-        unsafe {
-            crate::sys::madvise(entries as *mut libc::c_void, bytes, libc::MADV_NOHUGEPAGE);
-            crate::sys::madvise(entries as *mut libc::c_void, bytes, libc::MADV_DONTFORK);
+        let table = match FolioTable::new(folio, len / PAGE_SIZE, addr) {
+            Ok(mut t) => {
+                t.keep_on_fork = options.keep_on_fork;
+                Arc::new(t)
+            }
+            Err(errno) => {
+                unmap();
+                return Err(Error::Map { len, errno });
+            }
+        };
+        if let Err(e) = mm.uffd.register(addr, len, uffd::REGISTER_MODE_MISSING) {
+            unmap();
+            return Err(Error::sys("registering a region with userfaultfd", e));
         }
-        Ok(FolioTable {
-            folio,
-            pages,
-            entries: entries as *mut PageEntry,
-            pieces: RwLock::new(vec![Piece { page: 0, pages, addr }]),
-            dead: AtomicBool::new(false),
-            evicting: AtomicUsize::new(0),
-            ra: Default::default(),
-            keep_on_fork: false,
-        })
+        {
+            let _gate = mm.gate.write().unwrap();
+            ADDRESS_MAP.insert(addr, MapEntry { end: addr + len, table: table.clone(), page: 0, engine: mm.clone() });
+        }
+        mm.managed_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        mm.regions.fetch_add(1, Ordering::Relaxed);
+        Ok(Region { engine: self.clone(), table, addr, len })
     }
 
-    pub fn entry(&self, page: usize) -> &PageEntry {
-        assert!(page < self.pages, "page {page} outside a table of {}", self.pages);
-        // SAFETY: in bounds; fresh anonymous memory is all-zero, a valid PageEntry, and
-        // the mapping lives until the table is dropped.
-        unsafe { &*self.entries.add(page) }
-    }
+}
 
-    /// The first page of the folio holding `page`.
-    pub fn head_of(&self, page: usize) -> usize {
-        page & !(self.folio.pages() - 1)
-    }
+/// Managed memory from [`Engine::map`]. Reads and writes like anonymous memory from any
+/// thread; dropping it unmaps it and releases everything the engine holds for it.
+///
+/// If the program `mremap`s part of the region elsewhere, that part stays managed and is
+/// released with the region; `as_ptr`/`len` keep describing the original mapping.
+pub struct Region {
+    engine: Engine,
+    table: Arc<FolioTable>,
+    addr: usize,
+    len: usize,
+}
 
-    /// Where `page` is mapped now. Callers hold the gate so pieces cannot change.
-    pub fn addr_of(&self, page: usize) -> Option<usize> {
-        let pieces = self.pieces.read().unwrap();
-        pieces
-            .iter()
-            .find(|p| page >= p.page && page < p.page + p.pages)
-            .map(|p| p.addr + (page - p.page) * PAGE_SIZE)
+impl Region {
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.addr as *mut u8
     }
-
-    /// The mapped sub-runs of pages `[page, page + pages)`: (first page, count, address).
-    pub fn mapped_runs(&self, page: usize, pages: usize) -> Vec<Piece> {
-        let pieces = self.pieces.read().unwrap();
-        let mut runs: Vec<Piece> = pieces
-            .iter()
-            .filter_map(|p| {
-                let lo = page.max(p.page);
-                let hi = (page + pages).min(p.page + p.pages);
-                (lo < hi).then(|| Piece { page: lo, pages: hi - lo, addr: p.addr + (lo - p.page) * PAGE_SIZE })
-            })
-            .collect();
-        runs.sort_by_key(|r| r.page);
-        runs
+    pub fn len(&self) -> usize {
+        self.len
     }
-
-    /// Whether the folio's pages are mapped in one contiguous run (then it can move whole).
-    pub fn folio_addr(&self, head: usize, pages: usize) -> Option<usize> {
-        let runs = self.mapped_runs(head, pages);
-        (runs.len() == 1 && runs[0].pages == pages).then(|| runs[0].addr)
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn folio_size(&self) -> FolioSize {
+        self.table.folio
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping is readable for `len` bytes while the region lives; missing
+        // pages fault and are served by the engine. Concurrent writers must use raw pointers.
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes this the only reference handed out.
+        unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len) }
+    }
+    /// The region's bytes mapped as transparent huge pages now (AnonHugePages in smaps).
+    pub fn anon_huge_bytes(&self) -> std::io::Result<u64> {
+        crate::smaps::anon_huge_bytes(self.addr, self.len)
+    }
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+    /// This region's swap readahead: folios read ahead, hits, waste, and its window now.
+    pub fn readahead_stats(&self) -> crate::stats::RegionReadahead {
+        self.table.ra.snapshot()
     }
 }
 
-impl Drop for FolioTable {
+impl Drop for Region {
     fn drop(&mut self) {
-        let bytes = (self.pages * std::mem::size_of::<PageEntry>()).next_multiple_of(PAGE_SIZE);
-        // SAFETY: the entries mapping is owned by this table and nothing refers to it now.
-        unsafe { crate::sys::munmap(self.entries as *mut libc::c_void, bytes) };
+        unmap(self.engine.mm(), &self.table);
     }
 }
 
-/// One mapped piece in the address map.
-#[derive(Clone)]
-pub(crate) struct MapEntry {
-    pub end: usize,
-    pub table: Arc<FolioTable>,
-    pub page: usize,
-    /// The engine that owns the table.
-    pub engine: Arc<crate::engine::Shared>,
-}
+// SAFETY: a region is a handle to memory the engine serves from any thread; its raw
+// pointer is only an address.
+unsafe impl Send for Region {}
+// SAFETY: as above; shared references hand out only `&[u8]`.
+unsafe impl Sync for Region {}
 
-/// Address → table page, process-wide.
-#[derive(Default)]
-pub(crate) struct AddressMap {
-    map: RwLock<BTreeMap<usize, MapEntry>>,
-}
-
-/// A piece of the address space affected by an event: a table's pages `[page, page+pages)`.
-pub(crate) struct Affected {
-    pub table: Arc<FolioTable>,
-    /// Where the pages were mapped when the event happened.
-    pub addr: usize,
-    pub page: usize,
-    pub pages: usize,
-    pub engine: Arc<crate::engine::Shared>,
-}
-
-impl AddressMap {
-    /// Hold the map across fork(), so that no thread is inside it when the process is
-    /// copied (a child would inherit the lock held).
-    pub fn lock_for_fork(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<usize, MapEntry>> {
-        self.map.write().unwrap()
+/// Drop a region: take it out of the address map, unmap it, release every folio.
+fn unmap(mm: &Mm, table: &Arc<FolioTable>) {
+    let pieces = {
+        let _gate = mm.gate.write().unwrap();
+        table.dead.store(true, Ordering::SeqCst);
+        ADDRESS_MAP.remove_table(table)
+    };
+    for p in &pieces {
+        let len = p.pages * PAGE_SIZE;
+        // Unregistering first keeps munmap from raising an UNMAP event at ourselves.
+        let _ = mm.uffd.unregister(p.addr, len);
+        // SAFETY: the piece is a mapping this region owns; it left the address map
+        // under the gate, so no ioctl of the engine targets it any more.
+        unsafe { crate::sys::munmap(p.addr as *mut libc::c_void, len) };
     }
-
-    pub fn insert(&self, start: usize, entry: MapEntry) {
-        self.map.write().unwrap().insert(start, entry);
-    }
-
-    pub fn lookup(&self, addr: usize) -> Option<(MapEntry, usize)> {
-        let map = self.map.read().unwrap();
-        let (&start, entry) = map.range(..=addr).next_back()?;
-        (addr < entry.end).then(|| (entry.clone(), entry.page + (addr - start) / PAGE_SIZE))
-    }
-
-    /// The pieces of engine `engine` overlapping `[start, end)`, clipped to it.
-    pub fn overlapping(&self, engine: u64, start: usize, end: usize) -> Vec<Affected> {
-        let map = self.map.read().unwrap();
-        let first = map.range(..=start).next_back().map(|(&s, _)| s).unwrap_or(start);
-        map.range(first..end)
-            .filter(|(&s, e)| s < end && e.end > start && e.engine.id == engine)
-            .map(|(&s, e)| {
-                let lo = s.max(start);
-                let hi = e.end.min(end);
-                Affected {
-                    table: e.table.clone(),
-                    addr: lo,
-                    page: e.page + (lo - s) / PAGE_SIZE,
-                    pages: (hi - lo) / PAGE_SIZE,
-                    engine: e.engine.clone(),
-                }
-            })
-            .collect()
-    }
-
-    /// Take engine `engine`'s pieces in `[start, end)` out of the map and the tables.
-    pub fn remove_range(&self, engine: u64, start: usize, end: usize) -> Vec<Affected> {
-        let affected = self.overlapping(engine, start, end);
-        let mut map = self.map.write().unwrap();
-        let keys: Vec<usize> =
-            map.range(..end).filter(|(_, e)| e.end > start && e.engine.id == engine).map(|(&s, _)| s).collect();
-        for s in keys {
-            let e = map.remove(&s).expect("present");
-            if s < start {
-                map.insert(s, MapEntry { end: start, ..e.clone() });
+    let folio = table.folio;
+    let mut head = 0;
+    while head < table.pages {
+        let e = table.entry(head);
+        let s = e.lock();
+        if s.has(SPLIT) {
+            e.unlock();
+            for page in head..head + folio.pages() {
+                let pe = table.entry(page);
+                let ps = pe.lock();
+                drop_storage(mm, ps.kind(), pe.handle(), FolioSize::K4, ps.has(WRITEBACK));
+                pe.set_locked(ps.with_kind(Kind::Gone).with(WRITEBACK, false));
+                pe.clear_locked(PENDING);
+                pe.unlock();
             }
-            if e.end > end {
-                map.insert(end, MapEntry { page: e.page + (end - s) / PAGE_SIZE, ..e.clone() });
-            }
+        } else {
+            forget_readahead(mm, table, head);
+            drop_storage(mm, s.kind(), e.handle(), folio, s.has(WRITEBACK));
+            e.set_locked(s.with_kind(Kind::Gone).with(WRITEBACK, false).with(CACHED, false));
+            e.clear_locked(PENDING);
+            e.unlock();
         }
-        drop(map);
-        for a in &affected {
-            let mut pieces = a.table.pieces.write().unwrap();
-            let mut next = Vec::with_capacity(pieces.len() + 1);
-            for p in pieces.iter() {
-                let (lo, hi) = (a.page, a.page + a.pages);
-                if hi <= p.page || lo >= p.page + p.pages {
-                    next.push(*p);
-                    continue;
-                }
-                if lo > p.page {
-                    next.push(Piece { page: p.page, pages: lo - p.page, addr: p.addr });
-                }
-                if hi < p.page + p.pages {
-                    next.push(Piece { page: hi, pages: p.page + p.pages - hi, addr: p.addr + (hi - p.page) * PAGE_SIZE });
-                }
-            }
-            *pieces = next;
-        }
-        affected
+        head += folio.pages();
     }
-
-    /// Engine `engine`'s pages in `[from, from + len)` now live at `to`: move the pieces.
-    pub fn move_range(&self, engine: u64, from: usize, to: usize, len: usize) -> Vec<Affected> {
-        let moved = self.remove_range(engine, from, from + len);
-        // Whatever the destination held before was unmapped by mremap and reported as UNMAP.
-        let mut map = self.map.write().unwrap();
-        for a in &moved {
-            let addr = to + (a.addr - from);
-            map.insert(addr, MapEntry { end: addr + a.pages * PAGE_SIZE, table: a.table.clone(), page: a.page, engine: a.engine.clone() });
-            let mut pieces = a.table.pieces.write().unwrap();
-            pieces.push(Piece { page: a.page, pages: a.pages, addr });
-            pieces.sort_by_key(|p| p.page);
+    // Evictions in flight release what they hold when they see the folio gone; wait
+    // for them so that everything is returned when the drop returns.
+    while table.evicting.load(Ordering::Acquire) > 0 {
+        if mm.reclaim.wait_for_progress() == Wait::NothingInFlight {
+            std::thread::yield_now();
         }
-        moved
     }
-
-    /// Every piece of `table`, removed from the map (the region is being dropped).
-    pub fn remove_table(&self, table: &FolioTable) -> Vec<Piece> {
-        let pieces = std::mem::take(&mut *table.pieces.write().unwrap());
-        let mut map = self.map.write().unwrap();
-        for p in &pieces {
-            map.remove(&p.addr);
-        }
-        pieces
-    }
-
+    mm.managed_bytes.fetch_sub((table.pages * PAGE_SIZE) as u64, Ordering::Relaxed);
+    mm.regions.fetch_sub(1, Ordering::Relaxed);
+    mm.reclaim.notify_progress();
 }

@@ -30,8 +30,6 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 
-const MADV_POPULATE_WRITE: i32 = 23;
-
 /// A staging slot: folio order and index within that order's area.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Slot {
@@ -54,6 +52,17 @@ impl Staged {
     pub fn from_raw(raw: u64) -> Staged {
         Staged { slot: Slot { order: (raw >> 56) as u32, index: raw as u32 }, page: ((raw >> 32) & 0xFF_FFFF) as u32 }
     }
+}
+
+/// A slot handed out to be filled (`take_filled`, `take_zeroed_huge`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Taken {
+    pub slot: Slot,
+    /// It came from the reserve of filled slots: its StagingFree charge passes to the
+    /// taker, who uncharges it (the folio it receives is charged on its own).
+    pub from_reserve: bool,
+    /// Its pages are one THP.
+    pub huge: bool,
 }
 
 /// A batch slot's members still referring to it, and the staging memory they left in it.
@@ -155,7 +164,7 @@ impl Staging {
     fn map_area(&self, folio: FolioSize) -> io::Result<Area> {
         let nslots = slots_for(folio);
         let bytes = folio.bytes() * nslots as usize;
-        let base = crate::region::map_aligned(bytes, folio.bytes().max(HUGE_SIZE))
+        let base = crate::sys::map_aligned(bytes, folio.bytes().max(HUGE_SIZE))
             .map_err(io::Error::from_raw_os_error)?;
         madvise(base, bytes, if folio.is_huge() { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE })?;
         madvise(base, bytes, libc::MADV_DONTFORK)?;
@@ -263,23 +272,22 @@ impl Staging {
     /// A slot to fill (decompress into, or zero). Prefers a filled slot from the reserve
     /// (its charge passes to the caller, who uncharges StagingFree); otherwise a hole that
     /// the caller's writes will populate. For 2 MiB folios a hole is populated here with a
-    /// THP if the kernel has one. Returns the slot, whether it came from the reserve, and
-    /// whether it is a THP.
-    pub fn take_filled(&self, order: u32) -> io::Result<(Slot, bool, bool)> {
+    /// THP if the kernel has one.
+    pub fn take_filled(&self, order: u32) -> io::Result<Taken> {
         let area = self.area(order)?;
         let mut free = area.free.lock().unwrap();
         loop {
             if let Some((index, huge)) = free.filled.pop() {
                 area.hand_out(index);
                 self.reserved.fetch_sub(area.slot_bytes as u64, Ordering::Relaxed);
-                return Ok((Slot { order, index }, true, huge));
+                return Ok(Taken { slot: Slot { order, index }, from_reserve: true, huge });
             }
             if let Some(index) = free.holes.pop() {
                 area.hand_out(index);
                 drop(free);
                 let slot = Slot { order, index };
                 let huge = area.slot_bytes == HUGE_SIZE && self.populate_huge(slot)?;
-                return Ok((slot, false, huge));
+                return Ok(Taken { slot, from_reserve: false, huge });
             }
             free = area.available.wait(free).unwrap();
         }
@@ -287,20 +295,20 @@ impl Staging {
 
     /// As `take_filled`, but never waits: None when every slot of this size is out
     /// (readahead, which is optional, must not hold up faults and evictions).
-    pub fn try_take_filled(&self, order: u32) -> io::Result<Option<(Slot, bool, bool)>> {
+    pub fn try_take_filled(&self, order: u32) -> io::Result<Option<Taken>> {
         let area = self.area(order)?;
         let mut free = area.free.lock().unwrap();
         if let Some((index, huge)) = free.filled.pop() {
             area.hand_out(index);
             self.reserved.fetch_sub(area.slot_bytes as u64, Ordering::Relaxed);
-            return Ok(Some((Slot { order, index }, true, huge)));
+            return Ok(Some(Taken { slot: Slot { order, index }, from_reserve: true, huge }));
         }
         let Some(index) = free.holes.pop() else { return Ok(None) };
         area.hand_out(index);
         drop(free);
         let slot = Slot { order, index };
         let huge = area.slot_bytes == HUGE_SIZE && self.populate_huge(slot)?;
-        Ok(Some((slot, false, huge)))
+        Ok(Some(Taken { slot, from_reserve: false, huge }))
     }
 
     /// Slots of each size: readahead keeps at most half of them.
@@ -309,9 +317,8 @@ impl Staging {
     }
 
     /// A zero-filled 2 MiB slot for a first touch: a hole populated by the kernel, which
-    /// zeroes it. Returns the slot, whether it came from the reserve (whose charge then
-    /// passes to the caller) and whether it is a THP.
-    pub fn take_zeroed_huge(&self) -> io::Result<(Slot, bool, bool)> {
+    /// zeroes it.
+    pub fn take_zeroed_huge(&self) -> io::Result<Taken> {
         let order = FolioSize::M2.order();
         let area = self.area(order)?;
         let mut free = area.free.lock().unwrap();
@@ -332,13 +339,13 @@ impl Staging {
                 madvise(self.addr(slot), area.slot_bytes, libc::MADV_DONTNEED)?;
             }
             let huge = self.populate_huge(slot)?;
-            return Ok((slot, from_reserve, huge));
+            return Ok(Taken { slot, from_reserve, huge });
         }
     }
 
     fn populate_huge(&self, slot: Slot) -> io::Result<bool> {
         let addr = self.addr(slot);
-        madvise(addr, HUGE_SIZE, MADV_POPULATE_WRITE)?;
+        madvise(addr, HUGE_SIZE, crate::sys::MADV_POPULATE_WRITE)?;
         Ok(self.pagemap.huge_bytes(addr, HUGE_SIZE).unwrap_or(0) == HUGE_SIZE)
     }
 

@@ -1,4 +1,5 @@
-//! The engine's own mappings, made with raw system calls.
+//! The engine's own mappings, made with raw system calls (and `map_aligned`, the one
+//! helper that reserves aligned address space with them).
 //!
 //! When libfolioswap.so is preloaded it interposes `mmap`, `munmap` and `madvise` for the
 //! program; calls the engine makes for itself (staging, the pool, region reservations)
@@ -30,4 +31,37 @@ pub(crate) unsafe fn munmap(addr: *mut libc::c_void, len: usize) -> i32 {
 pub(crate) unsafe fn madvise(addr: *mut libc::c_void, len: usize, advice: i32) -> i32 {
     // SAFETY: per the function contract.
     unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) as i32 }
+}
+
+/// Reserve `len` bytes of address space aligned to `align` (a power of two). Returns the
+/// address or the errno of the failed mmap.
+pub(crate) fn map_aligned(len: usize, align: usize) -> Result<usize, i32> {
+    let total = len.checked_add(align).ok_or(libc::ENOMEM)?;
+    // SAFETY: an anonymous private mapping at a kernel-chosen address touches no existing memory.
+    let p = unsafe {
+        mmap(
+            std::ptr::null_mut(),
+            total,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM));
+    }
+    let start = p as usize;
+    let aligned = (start + align - 1) & !(align - 1);
+    // SAFETY: both trims lie inside the mapping just created and nothing refers to them.
+    unsafe {
+        if aligned > start {
+            munmap(p, aligned - start);
+        }
+        let end = start + total;
+        if end > aligned + len {
+            munmap((aligned + len) as *mut libc::c_void, end - (aligned + len));
+        }
+    }
+    Ok(aligned)
 }

@@ -61,7 +61,7 @@ pub(crate) struct SwapDevice {
 
 impl SwapDevice {
     pub fn new(io: Box<dyn SwapIo>, cache_batch: usize) -> SwapDevice {
-        // A swapped folio's handle keeps its slot in 32 bits (`page_io::SwapHandle`); a
+        // A swapped folio's handle keeps its slot in 32 bits (`tier::SwapHandle`); a
         // larger backend is used up to 2^32 slots (16 TiB).
         let map = Arc::new(SwapMap::new(io.slots().min(1 << 32)));
         SwapDevice { id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed), map, io, cache_batch, cached: Arc::new(AtomicU64::new(0)) }

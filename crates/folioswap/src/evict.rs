@@ -1,0 +1,486 @@
+//! One eviction (the kernel's `shrink_folio_list`), top to bottom:
+//! 1. **pick** the coldest evictable folio off the LRU, locked (`pick_victim`);
+//! 2. **batch** (folios under 2 MiB): the LRU entries right behind it that continue it in
+//!    the address space join it (`extend_batch`), up to 2 MiB;
+//! 3. **move out** the run with one UFFDIO_MOVE into a staging hole (`move_out`): atomic,
+//!    from that instant an access faults and waits on the folio lock; then mark each
+//!    member SwapCache+WRITEBACK and unlock it;
+//! 4. **store** each member (`store_member`, or `store_batch` when file writes go out in
+//!    one submission) into the tiers (`tier.rs`) without any lock held;
+//! 5. **publish** under the lock again (`finish_eviction` → `publish`), unless a fault
+//!    wanted the folio back meanwhile (then the work is dropped and the fault moves the
+//!    folio straight back), or **put back** a folio no tier would take (`put_back`): no
+//!    data is ever dropped for lack of room.
+//!
+//! One MOVE of a run costs one TLB shootdown where a MOVE per folio costs one each: 256
+//! 4 KiB moves took 232 IPIs and 3.2 ms, one 1 MiB move 1 IPI and 41 µs. The batch slot
+//! is released when its last member leaves it (`Staging::end_batch_member`), which is
+//! why small folios are installed back by UFFDIO_COPY, leaving the slot's pages put.
+
+use crate::events::{apply_pending_after_publish, apply_pending_locked};
+use crate::folio::{Kind, State, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
+use crate::install::{install_copy, install_slot, transfer, wake_folio, HaltReason, Transfer};
+use crate::lru::LruEntry;
+use crate::memcg::Component;
+use crate::mm::{Mm, Reclaimed};
+use crate::release::{release_after_install, release_staged};
+use crate::size::{FolioSize, HUGE_SIZE, PAGE_SIZE};
+use crate::staging::{Slot, Staged};
+use crate::table::FolioTable;
+use crate::tier::{Placed, SwapOutError, WriteBatch};
+use crate::zswap::CodecScratch;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// EBUSY/EAGAIN answers in a row at one page before an eviction gives the folio up for now.
+const MOVE_BUSY_RETRIES: u32 = 64;
+
+/// Who evicts: counted as `pgsteal_kswapd` or `pgsteal_direct`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reclaimer {
+    Kswapd,
+    Direct,
+}
+
+/// Why a run could not be moved out of its region.
+#[derive(Debug, PartialEq, Eq)]
+enum MoveOutError {
+    /// Busy, pending an event, or unmapped with the event unread: try again later
+    /// (the folios go back on the LRU).
+    TryLater,
+    /// The kernel refused for good: the folios stay where they are, off the LRU.
+    Failed,
+}
+
+/// A member of a run that left memory: its LRU entry, where it is staged, whether its
+/// pages are one THP.
+struct Member {
+    victim: LruEntry,
+    at: Staged,
+    huge: bool,
+}
+
+/// Evict from the LRU head: one 2 MiB folio, or a batch of smaller ones.
+pub(crate) fn shrink_one(mm: &Mm, scratch: &mut CodecScratch, who: Reclaimer) -> Reclaimed {
+    let Some(_active) = mm.reclaim.begin_eviction(&mm.memcg) else {
+        return Reclaimed::Nothing;
+    };
+    // 1. Pick.
+    let (victim, s) = match pick_victim(mm) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let folio = victim.folio();
+    if !mm.tiers.can_store(folio.bytes() as u64 / 2) {
+        victim.table.entry(victim.page).unlock();
+        mm.lru.requeue(victim);
+        return Reclaimed::PoolFull;
+    }
+    // 2. Batch.
+    let mut run = vec![(victim, s)];
+    if !folio.is_huge() {
+        extend_batch(mm, &mut run, folio);
+    }
+    // 3. Move out.
+    let slot = match mm.staging.take_hole(FolioSize::M2.order(), &mm.memcg) {
+        Ok(slot) => slot,
+        Err(err) => {
+            eprintln!("folioswap: no staging for eviction: {err}");
+            unlock_run(mm, run, true);
+            return Reclaimed::Nothing;
+        }
+    };
+    let (table, head) = (run[0].0.table.clone(), run[0].0.page);
+    if let Err(err) = move_out(mm, &table, head, folio, run.len(), slot) {
+        mm.staging.put_hole(slot);
+        unlock_run(mm, run, err == MoveOutError::TryLater);
+        return Reclaimed::Busy;
+    }
+    let members = into_swap_cache(mm, &table, head, folio, slot, run);
+    // 4. Store. With a swap file, the members (or split pages) bound for it are written
+    // in one submission before any is published; otherwise each member is published as
+    // soon as it is stored, so that a fault wanting it back waits for its own store only.
+    let mut stored = match mm.tiers.file {
+        Some(_) if members.len() > 1 || mm.config.split_swap => store_batch(mm, &members, folio, scratch),
+        _ => Vec::new(),
+    }
+    .into_iter();
+    // 5. Publish or put back. Progress if any member left memory; PoolFull only if the
+    // tiers refused them all.
+    let mut outcome = Reclaimed::Busy;
+    for m in &members {
+        let result = stored.next().unwrap_or_else(|| store_member(mm, m.at, folio, scratch, None));
+        match finish_eviction(mm, m, folio, result, who) {
+            Reclaimed::Freed => outcome = Reclaimed::Freed,
+            Reclaimed::PoolFull if outcome != Reclaimed::Freed => outcome = Reclaimed::PoolFull,
+            _ => {}
+        }
+        table.evicting.fetch_sub(1, Ordering::AcqRel);
+        mm.reclaim.end_store();
+    }
+    outcome
+}
+
+/// Take the coldest evictable folio off the LRU, locked.
+fn pick_victim(mm: &Mm) -> Result<(LruEntry, State), Reclaimed> {
+    let mut budget = mm.lru.len();
+    let mut busy = false;
+    while budget > 0 {
+        budget -= 1;
+        let Some(v) = mm.lru.pop() else { break };
+        if v.table.dead.load(Ordering::Relaxed) {
+            continue;
+        }
+        let e = v.table.entry(v.page);
+        let Some(s) = e.try_lock() else {
+            mm.lru.requeue(v);
+            busy = true;
+            continue;
+        };
+        let current = v.is_current(s);
+        if current && !s.has(PENDING) {
+            return Ok((v, s));
+        }
+        e.unlock();
+        if current {
+            // An event is about to change it; look again later.
+            mm.lru.requeue(v);
+            busy = true;
+        }
+    }
+    Err(if busy { Reclaimed::Busy } else { Reclaimed::Nothing })
+}
+
+/// Add to `run` the LRU candidates that follow it in the address space.
+fn extend_batch(mm: &Mm, run: &mut Vec<(LruEntry, State)>, folio: FolioSize) {
+    let max = HUGE_SIZE / folio.bytes();
+    while run.len() < max {
+        let (table, next, order) = {
+            let last = &run.last().expect("nonempty").0;
+            (last.table.clone(), last.page + folio.pages(), last.order)
+        };
+        let Some(v) = mm.lru.pop_next_if(|c| Arc::ptr_eq(&c.table, &table) && c.page == next && c.order == order) else {
+            break;
+        };
+        let e = v.table.entry(v.page);
+        match e.try_lock() {
+            Some(s) if v.is_current(s) && !s.has(PENDING) => run.push((v, s)),
+            Some(_) => {
+                // A stale entry (the folio left or came back since): drop it.
+                e.unlock();
+                break;
+            }
+            None => {
+                mm.lru.requeue(v);
+                break;
+            }
+        }
+    }
+}
+
+fn unlock_run(mm: &Mm, run: Vec<(LruEntry, State)>, requeue: bool) {
+    for (v, _) in run {
+        v.table.entry(v.page).unlock();
+        if requeue {
+            mm.lru.requeue(v);
+        }
+    }
+}
+
+/// MOVE `count` consecutive folios out of their region into `slot`, under the gate. On
+/// failure whatever moved is moved back, so the folios stay whole where they were.
+fn move_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: usize, slot: Slot) -> Result<(), MoveOutError> {
+    let _gate = mm.gate.read().unwrap();
+    if (0..count).any(|i| table.entry(head + i * folio.pages()).load().has(PENDING)) {
+        return Err(MoveOutError::TryLater);
+    }
+    let Some(addr) = table.folio_addr(head, count * folio.pages()) else {
+        return Err(MoveOutError::TryLater);
+    };
+    let dst = mm.staging.addr(slot);
+    let len = count * folio.bytes();
+    let mut done = 0;
+    // MOVE takes only pages this process owns alone; after a fork they are shared with
+    // the child until one of the two writes them: unshare them at the first EBUSY at a
+    // page. Pinned pages (O_DIRECT in flight) or a large folio the kernel cannot split
+    // now stay busy: then give the folio up for now and try other folios first.
+    let mut on_busy = |at: usize, times: u32, errno: i32| {
+        if errno == libc::EBUSY && times == 0 && !break_cow(mm, addr + at, len - at) {
+            return false;
+        }
+        times < MOVE_BUSY_RETRIES
+    };
+    let Err(halt) = transfer(mm, Transfer::MoveOut, dst, addr, len, &mut done, &mut on_busy) else {
+        return Ok(());
+    };
+    move_back(mm, addr, dst, halt.done);
+    match halt.why {
+        // ENOENT/EINVAL: the program unmapped (part of) the range and the kernel's UNMAP
+        // event is not read yet; the event will drop the folio.
+        HaltReason::Busy | HaltReason::Unmapped | HaltReason::EventQueued => Err(MoveOutError::TryLater),
+        HaltReason::Failed(err) => {
+            eprintln!("folioswap: evicting {len} bytes at {addr:#x} failed: {err}");
+            Err(MoveOutError::Failed)
+        }
+    }
+}
+
+/// Undo the first `done` bytes of a `move_out`.
+fn move_back(mm: &Mm, addr: usize, dst: usize, done: usize) {
+    if done > 0 {
+        let _ = mm.uffd.move_pages(addr, dst, done, true);
+    }
+}
+
+/// Give this process its own copy of the pages in `[addr, addr + len)` (the kernel's
+/// copy on write, as if the program wrote them), so that MOVE may take them. Only when
+/// every page is present: a missing one would fault to this engine while the caller
+/// holds the folio's lock.
+fn break_cow(mm: &Mm, addr: usize, len: usize) -> bool {
+    if !mm.staging.all_present(addr, len) {
+        return false;
+    }
+    mm.counters.vm.cow_unshare.inc();
+    // SAFETY: the range lies in a live region (the caller holds the gate and the folios'
+    // locks) and is fully present; POPULATE_WRITE changes no contents.
+    unsafe { crate::sys::madvise(addr as *mut libc::c_void, len, crate::sys::MADV_POPULATE_WRITE) == 0 }
+}
+
+/// The run is in `slot`: advance the eviction clock, and make each member SwapCache
+/// under WRITEBACK (its copy being stored), charged as swap cache, unlocked.
+fn into_swap_cache(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, slot: Slot, run: Vec<(LruEntry, State)>) -> Vec<Member> {
+    if !folio.is_huge() {
+        mm.staging.begin_batch(slot, run.len() as u32);
+    }
+    let pages = folio.pages();
+    let clock = mm.lru.tick((run.len() * pages) as u32);
+    mm.reclaim.begin_store(run.len());
+    table.evicting.fetch_add(run.len(), Ordering::AcqRel);
+    let first_addr = mm.ra.log.as_ref().and_then(|_| table.folio_addr(head, run.len() * pages));
+    let mut members = Vec::with_capacity(run.len());
+    for (i, (victim, s)) in run.into_iter().enumerate() {
+        let e = victim.table.entry(victim.page);
+        let at = Staged { slot, page: (i * pages) as u32 };
+        let evicted_at = clock.wrapping_add((i * pages) as u32);
+        e.set_evicted_at(evicted_at);
+        if let (Some(log), Some(addr)) = (&mm.ra.log, first_addr) {
+            log.record(evicted_at, addr + i * folio.bytes());
+        }
+        e.set_handle(at.to_raw());
+        e.set_locked(s.with_kind(Kind::SwapCache).with(WRITEBACK, true));
+        mm.memcg.transfer(Component::Resident, Component::SwapCache, folio.bytes() as u64);
+        e.unlock();
+        members.push(Member { victim, at, huge: folio.is_huge() && s.has(HUGE) });
+    }
+    members
+}
+
+/// Store the members of an eviction batch, queueing their file writes and issuing them
+/// in one submission.
+fn store_batch(mm: &Mm, members: &[Member], folio: FolioSize, scratch: &mut CodecScratch) -> Vec<Result<Vec<Placed>, SwapOutError>> {
+    let mut batch = WriteBatch::new();
+    let mut spans = Vec::with_capacity(members.len());
+    let mut results = Vec::with_capacity(members.len());
+    for m in members {
+        let start = batch.len();
+        results.push(store_member(mm, m.at, folio, scratch, Some(&mut batch)));
+        spans.push(start..batch.len());
+    }
+    mm.tiers.write_batch(&batch, &spans, &mut results, &mm.counters);
+    results
+}
+
+/// Store a staged folio: whole, or (split mode) as independent 4 KiB pages. File writes
+/// go to `batch` when given (see `store_batch`).
+fn store_member<'a>(
+    mm: &'a Mm,
+    at: Staged,
+    folio: FolioSize,
+    scratch: &mut CodecScratch,
+    mut batch: Option<&mut WriteBatch<'a>>,
+) -> Result<Vec<Placed>, SwapOutError> {
+    // SAFETY: the folio is SwapCache+WRITEBACK with this staged copy: nothing moves its
+    // pages away or writes them until finish_eviction takes the lock again.
+    let data: &[u8] = unsafe { mm.staging.staged_slice(at, folio.bytes()) };
+    if !(mm.config.split_swap && folio.order() > 0) {
+        return mm.tiers.store(data, folio, scratch, batch, &mm.counters, &mm.reclaim);
+    }
+    let mut placed = Vec::with_capacity(folio.pages());
+    let queued = batch.as_ref().map_or(0, |b| b.len());
+    for page in data.chunks(PAGE_SIZE) {
+        match mm.tiers.store(page, FolioSize::K4, scratch, batch.as_deref_mut(), &mm.counters, &mm.reclaim) {
+            Ok(p) => placed.extend(p),
+            Err(err) => {
+                // Unqueue this folio's writes before its slots are freed.
+                if let Some(b) = batch.as_deref_mut() {
+                    b.truncate(queued);
+                }
+                mm.tiers.free_placed(&placed, FolioSize::K4);
+                return Err(err);
+            }
+        }
+    }
+    Ok(placed)
+}
+
+/// Publish a member's store under the folio lock, or give the work up.
+fn finish_eviction(mm: &Mm, m: &Member, folio: FolioSize, result: Result<Vec<Placed>, SwapOutError>, who: Reclaimer) -> Reclaimed {
+    let (table, head, at, huge) = (&m.victim.table, m.victim.page, m.at, m.huge);
+    let e = table.entry(head);
+    let s = e.lock();
+    let ours = s.kind() == Kind::SwapCache && s.has(WRITEBACK) && e.handle() == at.to_raw();
+    if !ours {
+        // Discarded (REMOVE/UNMAP/drop) while we stored it: the staged copy and its
+        // charge are ours to release.
+        e.unlock();
+        if let Ok(placed) = &result {
+            mm.tiers.free_placed(placed, folio);
+        }
+        release_staged(mm, at, folio, huge);
+        return Reclaimed::Freed;
+    }
+    if s.has(WANTED) {
+        // A fault wants it back: drop the work; the fault moves the folio back in.
+        if let Ok(placed) = &result {
+            mm.tiers.free_placed(placed, folio);
+        }
+        e.set_locked(s.with(WRITEBACK, false));
+        e.clear_locked(WANTED);
+        e.unlock();
+        return Reclaimed::Busy;
+    }
+    let Ok(placed) = result else {
+        // Nowhere to put it (the reason is counted where it was found).
+        put_back(mm, table, head, folio, at, huge);
+        e.unlock();
+        return Reclaimed::PoolFull;
+    };
+    publish(mm, table, head, folio, s, &placed);
+    let pages = folio.pages() as u64;
+    match who {
+        Reclaimer::Direct => mm.counters.vm.pgsteal_direct.add(pages),
+        Reclaimer::Kswapd => mm.counters.vm.pgsteal_kswapd.add(pages),
+    }
+    apply_pending_after_publish(mm, table, head, folio);
+    e.unlock();
+    release_staged(mm, at, folio, huge);
+    Reclaimed::Freed
+}
+
+/// Publish where a locked folio's data went, as its new state: one entry for the folio,
+/// or one per 4 KiB page, after which the folio is split. `s` is the state the folio had
+/// when locked. Used by eviction and by pool writeback.
+pub(crate) fn publish(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, s: State, placed: &[Placed]) {
+    if placed.len() > 1 {
+        return publish_split(mm, table, head, folio, placed);
+    }
+    let kind = mm.tiers.record(table, head, folio, s.gen(), placed[0], &mm.counters);
+    table.entry(head).set_locked(s.with_kind(kind).with(WRITEBACK, false).with(HUGE, false));
+}
+
+/// The folio went out as 4 KiB pages (split mode, or no contiguous run on the swap
+/// file): each page becomes an order-0 folio with its own entry. Done under the gate so
+/// that no event is marked against the unsplit folio meanwhile.
+fn publish_split(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, placed: &[Placed]) {
+    let _gate = mm.gate.read().unwrap();
+    let e = table.entry(head);
+    let pending = e.load().has(PENDING);
+    let clock = e.evicted_at();
+    for (i, &p) in placed.iter().enumerate() {
+        let pe = table.entry(head + i);
+        let ps = if i == 0 { pe.load() } else { pe.lock() };
+        let kind = mm.tiers.record(table, head + i, FolioSize::K4, ps.gen(), p, &mm.counters);
+        pe.set_evicted_at(clock.wrapping_add(i as u32));
+        pe.set_locked(ps.with_kind(kind).with(WRITEBACK, false).with(HUGE, false));
+        if pending {
+            pe.set_flag(PENDING);
+        }
+        if i != 0 {
+            pe.unlock();
+        }
+    }
+    e.set_locked(e.load().with(SPLIT, true));
+    let sc = mm.counters.size(folio);
+    sc.split.inc();
+    sc.swpout_fallback.inc();
+    if folio.is_huge() {
+        mm.counters.vm.thp_swpout_fallback.inc();
+        mm.counters.vm.thp_split_page.inc();
+    }
+}
+
+/// No tier took the folio: put it back into place, resident again (a 2 MiB folio by
+/// MOVE from its own slot, a batch member by COPY from its share of the batch slot).
+fn put_back(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, at: Staged, huge: bool) {
+    let e = table.entry(head);
+    let s = e.load();
+    let bytes = folio.bytes() as u64;
+    let installed = if folio.is_huge() {
+        install_slot(mm, table, head, folio, at.slot).map(|how| {
+            mm.memcg.transfer(Component::SwapCache, Component::Resident, bytes);
+            release_after_install(mm, at.slot, how, huge);
+        })
+    } else {
+        install_copy(mm, table, head, folio, mm.staging.staged_addr(at)).map(|()| {
+            mm.memcg.charge(Component::Resident, bytes);
+            release_staged(mm, at, folio, huge);
+        })
+    };
+    match installed {
+        Ok(()) => {
+            let next = e.set_locked(s.with_kind(Kind::Resident).with(WRITEBACK, false).with(HUGE, huge).next_gen());
+            mm.lru.push(table.clone(), head, folio, next.gen(), false);
+            // A fault may be waiting (it found WRITEBACK and asked for the folio).
+            wake_folio(mm, table, head, folio);
+        }
+        Err(_) => {
+            // An event or unmap got there first: leave it in the swap cache, where the
+            // event (or the next fault) finds it.
+            e.set_locked(s.with(WRITEBACK, false));
+            if e.load().has(PENDING) {
+                let _ = apply_pending_locked(mm, table, head, folio);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Config, Engine, RegionOptions};
+
+    /// A folio the pool cannot take is put back where it was, whole: never dropped.
+    #[test]
+    fn pool_store_failure_keeps_the_folio() {
+        let config = Config::default().memory_high("64M").unwrap().max_pool("128K").unwrap().reclaim_threads(1);
+        let engine = Engine::new(config).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
+        let mut region = engine.map(1 << 20, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
+        // Incompressible data, so every folio needs a raw 64K object: the pool holds two.
+        let mut x = 0x1234_5678_9abc_def0u64;
+        let words: Vec<u64> = (0..(1 << 20) / 8)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            })
+            .collect();
+        for (dst, src) in region.as_mut_slice().chunks_mut(8).zip(&words) {
+            dst.copy_from_slice(&src.to_le_bytes());
+        }
+        let mm = engine.mm();
+        let mut scratch = CodecScratch::new();
+        let mut outcomes = Vec::new();
+        for _ in 0..8 {
+            outcomes.push(shrink_one(mm, &mut scratch, Reclaimer::Direct));
+        }
+        assert!(outcomes.contains(&Reclaimed::Freed), "{outcomes:?}");
+        assert!(outcomes.contains(&Reclaimed::PoolFull), "{outcomes:?}");
+        let stats = engine.stats();
+        assert!(stats.vm.zswap_pool_limit_hit >= 1, "{:?}", stats.vm);
+        assert!(stats.memory.pool_total_bytes <= 128 << 10);
+        for (i, (got, want)) in region.as_slice().chunks(8).zip(&words).enumerate() {
+            assert_eq!(got, &want.to_le_bytes(), "word {i}");
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! The event gate: reading the region userfaultfd, and recording the REMOVE, UNMAP and
+//! REMAP events it brings before anything else can act on the pages they name.
+//!
+//! The kernel reports `madvise(MADV_DONTNEED/FREE/REMOVE)` before zapping the pages, and
+//! zaps them as soon as the message is *read*; `munmap` and `mremap` are reported after
+//! the fact. Between the read and the engine updating its folio table, a fault must not
+//! be served from the old copy, and no install may land after the zap. Hence the gate
+//! (`Mm::gate`, an RwLock):
+//! 1. the userfaultfd is read only with the gate held exclusively ([`read_messages`]),
+//!    and an event read is *marked* before the gate is released: the address map is
+//!    updated (UNMAP, REMAP) and every folio in the range gets the PENDING flag
+//!    (lock-free: a flag, not a lock, so marking never waits on a folio);
+//! 2. every install and eviction holds the gate shared and checks PENDING first
+//!    (`install.rs`), so none is in flight while an event is read, and none starts on a
+//!    marked folio;
+//! 3. whoever next locks a marked folio applies the pending events to it (`events.rs`).
+//!
+//! A MOVE or COPY the kernel refuses with EAGAIN has an event queued and unread: the
+//! installer drops the gate and calls [`pump_events`], which reads the queue (marking
+//! events, deferring faults to the fault threads) so the kernel can finish the event.
+
+use crate::addrmap::ADDRESS_MAP;
+use crate::event_queue::{EventKind, PendingEvent};
+use crate::folio::{PENDING, SPLIT};
+use crate::mm::Mm;
+use crate::table::FolioTable;
+use crate::uffd::Msg;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+/// Wake the fault/event threads (stop, deferred faults, events to apply).
+pub(crate) fn kick(mm: &Mm) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64 to our own eventfd; a full counter only
+    // means a kick is already pending.
+    unsafe { libc::write(mm.kick_fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+}
+
+/// Read messages under the gate, marking events, until a fault comes (returned as its
+/// address and thread) or the queue is empty.
+pub(crate) fn read_messages(mm: &Mm) -> Option<(usize, u32)> {
+    let _gate = mm.gate.write().unwrap();
+    loop {
+        match mm.uffd.read_msg() {
+            Ok(Some(Msg::PageFault { addr, tid, .. })) => return Some((addr, tid)),
+            Ok(Some(event)) => mark_event(mm, event),
+            Ok(None) => return None,
+            Err(e) => {
+                eprintln!("folioswap: reading the userfaultfd failed: {e}");
+                return None;
+            }
+        }
+    }
+}
+
+/// An install found an event queued but unread: read the queue now (events are marked,
+/// faults deferred to the fault threads) so the kernel can finish the event. The caller
+/// must not hold the gate.
+pub(crate) fn pump_events(mm: &Mm) {
+    let mut deferred = Vec::new();
+    while let Some(fault) = read_messages(mm) {
+        deferred.push(fault);
+    }
+    if !deferred.is_empty() {
+        mm.deferred_faults.lock().unwrap().extend(deferred);
+    }
+    kick(mm);
+    std::thread::yield_now();
+}
+
+/// Record an event just read. Called with the gate held exclusively.
+fn mark_event(mm: &Mm, msg: Msg) {
+    match msg {
+        Msg::Remove { start, end } => {
+            mm.counters.vm.uffd_remove.inc();
+            for a in ADDRESS_MAP.overlapping(mm.id, start, end) {
+                mark(mm, &a.table, a.page, a.pages, EventKind::Remove);
+            }
+        }
+        Msg::Unmap { start, end } => {
+            mm.counters.vm.uffd_unmap.inc();
+            for a in ADDRESS_MAP.remove_range(mm.id, start, end) {
+                mark(mm, &a.table, a.page, a.pages, EventKind::Unmap);
+            }
+        }
+        Msg::Remap { from, to, len } => {
+            mm.counters.vm.uffd_remap.inc();
+            for a in ADDRESS_MAP.move_range(mm.id, from, to, len) {
+                let folio_pages = a.table.folio.pages();
+                for cut in [a.page, a.page + a.pages] {
+                    if cut % folio_pages != 0 && cut < a.table.pages {
+                        let head = a.table.head_of(cut);
+                        mark(mm, &a.table, head, folio_pages, EventKind::Split);
+                    }
+                }
+            }
+        }
+        Msg::PageFault { .. } | Msg::Other(_) => {}
+    }
+    kick(mm);
+}
+
+/// Queue the event and flag every folio it covers (every page, where the folio is split).
+fn mark(mm: &Mm, table: &Arc<FolioTable>, page: usize, pages: usize, kind: EventKind) {
+    if pages == 0 {
+        return;
+    }
+    mm.events.push(PendingEvent { table: table.clone(), page, pages, kind });
+    let folio_pages = table.folio.pages();
+    let mut head = table.head_of(page);
+    while head < page + pages {
+        let h = table.entry(head);
+        if folio_pages == 1 || h.load().has(SPLIT) {
+            for p in head.max(page)..(head + folio_pages).min(page + pages) {
+                table.entry(p).set_flag(PENDING);
+            }
+        } else {
+            h.set_flag(PENDING);
+        }
+        head += folio_pages;
+    }
+}

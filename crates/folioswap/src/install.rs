@@ -1,0 +1,222 @@
+//! Every page the engine puts into a region or takes out of one goes through [`transfer`]:
+//! the one place that knows how the kernel's UFFDIO_MOVE and UFFDIO_COPY answer, and
+//! what to do about each answer.
+//!
+//! - `EEXIST`: a COPY found the page present already (a zap raced an earlier install, or
+//!   an earlier try copied it): step over it. A MOVE on this kernel can fail with EEXIST
+//!   for a page it *did* move (it retries a page internally and then finds its own work
+//!   at the destination): step over it when pagemap shows the move happened.
+//! - `EBUSY`: the kernel could not take the page now (shared after fork, pinned by
+//!   O_DIRECT, a large folio it cannot split this instant): the caller's `on_busy`
+//!   decides whether to retry (after a yield) or stop.
+//! - `EAGAIN`: into a region, an event is queued on the userfaultfd and unread: stop, so
+//!   that the caller drops the gate and pumps events (`gate::pump_events`). Out of a
+//!   region into staging there is no event to read; it is treated as busy.
+//! - `ENOENT`/`EINVAL`/`EFAULT`: the range is not mapped (any more).
+//!
+//! On top of it, the installs of the fault path and of a put-back ([`install_slot`],
+//! [`install_move`], [`install_copy`], [`install_zero`]) hold the gate shared, check
+//! the folio's PENDING flag, and find the folio's address, so that no install lands on a
+//! folio an event is changing.
+
+use crate::folio::PENDING;
+use crate::gate::pump_events;
+use crate::mm::Mm;
+use crate::size::{FolioSize, PAGE_SIZE};
+use crate::staging::Slot;
+use crate::table::FolioTable;
+use crate::uffd::IoctlError;
+use std::fmt;
+
+/// Zeros to copy from for first touches of folios up to 1 MiB (2 MiB ones are moved in
+/// from a kernel-zeroed THP instead).
+static ZERO: [u8; 1 << 20] = [0; 1 << 20];
+
+/// Which ioctl, in which direction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Transfer {
+    /// UFFDIO_MOVE of staging pages into a region; `wake` wakes threads waiting there.
+    MoveIn { wake: bool },
+    /// UFFDIO_COPY into a region.
+    CopyIn,
+    /// UFFDIO_MOVE of a region's pages out into a staging slot (eviction).
+    MoveOut,
+}
+
+/// Why a transfer stopped short; the bytes before `done` were transferred.
+#[derive(Debug)]
+pub(crate) struct Halt {
+    pub done: usize,
+    pub why: HaltReason,
+}
+
+#[derive(Debug)]
+pub(crate) enum HaltReason {
+    /// An event is queued and unread on the region's userfaultfd.
+    EventQueued,
+    /// `on_busy` gave up on a busy page.
+    Busy,
+    /// The range is not mapped (ENOENT, EINVAL, EFAULT).
+    Unmapped,
+    /// Any other refusal.
+    Failed(IoctlError),
+}
+
+/// Move or copy `[src + done, src + len)` to `[dst + done, dst + len)`, advancing `done`,
+/// by the rules in the module comment. `on_busy(done, times, errno)` is asked at each busy
+/// answer (`times`: how often in a row at this page before) whether to retry.
+pub(crate) fn transfer(
+    mm: &Mm,
+    how: Transfer,
+    dst: usize,
+    src: usize,
+    len: usize,
+    done: &mut usize,
+    on_busy: &mut dyn FnMut(usize, u32, i32) -> bool,
+) -> Result<(), Halt> {
+    let (mut busy_at, mut busy_times) = (usize::MAX, 0u32);
+    while *done < len {
+        let (d, s, n) = (dst + *done, src + *done, len - *done);
+        let result = match how {
+            Transfer::MoveIn { wake } => mm.uffd.move_pages(d, s, n, wake),
+            Transfer::CopyIn => mm.uffd.copy(d, s as *const u8, n, false),
+            Transfer::MoveOut => mm.staging.uffd().move_pages(d, s, n, false),
+        };
+        let Err(err) = result else {
+            *done = len;
+            return Ok(());
+        };
+        *done += err.done;
+        let halt = |why| Err(Halt { done: *done, why });
+        let errno = err.errno;
+        match (errno, how) {
+            (libc::EEXIST, Transfer::CopyIn) => *done += PAGE_SIZE,
+            (libc::EEXIST, _) if mm.staging.moved_anyway(dst + *done, src + *done) => *done += PAGE_SIZE,
+            (libc::EAGAIN, Transfer::MoveIn { .. } | Transfer::CopyIn) => return halt(HaltReason::EventQueued),
+            (libc::EBUSY, _) | (libc::EAGAIN, Transfer::MoveOut) => {
+                busy_times = if busy_at == *done { busy_times + 1 } else { 0 };
+                busy_at = *done;
+                if !on_busy(*done, busy_times, errno) {
+                    return halt(HaltReason::Busy);
+                }
+                std::thread::yield_now();
+            }
+            (libc::ENOENT | libc::EINVAL | libc::EFAULT, _) => return halt(HaltReason::Unmapped),
+            _ => return halt(HaltReason::Failed(err)),
+        }
+    }
+    *done = len.min(*done);
+    Ok(())
+}
+
+/// Retry busy pages for as long as they stay busy: installs wait for the kernel.
+pub(crate) fn always_retry(_: usize, _: u32, _: i32) -> bool {
+    true
+}
+
+/// How an install placed the folio.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Installed {
+    /// The slot's pages were moved into the region: the slot is a hole now.
+    Moved,
+    /// The slot's contents were copied: the slot still holds its pages, for reuse.
+    Copied,
+}
+
+/// Why an install did not happen.
+#[derive(Debug)]
+pub(crate) enum InstallError {
+    /// An event is pending on the folio: apply it, then retry.
+    Pending,
+    /// The folio's address range is gone (or split across mappings).
+    Unmapped,
+    /// The kernel refused for another reason.
+    Failed { op: &'static str, addr: usize, len: usize, err: Option<IoctlError> },
+}
+
+impl fmt::Display for InstallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InstallError::Pending => write!(f, "an event is pending on the folio"),
+            InstallError::Unmapped => write!(f, "the folio's range is no longer mapped"),
+            InstallError::Failed { op, addr, len, err: Some(err) } => write!(f, "{op} into {addr:#x} ({len} bytes) failed: {err}"),
+            InstallError::Failed { op, addr, len, err: None } => write!(f, "{op} into {addr:#x} ({len} bytes) failed"),
+        }
+    }
+}
+
+/// Put the folio in `slot` in its place in the region. 2 MiB folios move in (and arrive
+/// as THPs); smaller ones are copied: a MOVE clears the source PTEs and so flushes the
+/// TLB of every CPU the process runs on, an inter-processor interrupt that is a VM exit
+/// here, while COPY leaves the slot mapped and filled for the next decompression, at
+/// about 1 µs per 4 KiB.
+pub(crate) fn install_slot(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, slot: Slot) -> Result<Installed, InstallError> {
+    if !folio.is_huge() {
+        return install_copy(mm, table, head, folio, mm.staging.addr(slot)).map(|()| Installed::Copied);
+    }
+    install_move(mm, table, head, folio, slot).map(|()| Installed::Moved)
+}
+
+/// Move the folio's pages from `slot` into the region.
+pub(crate) fn install_move(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, slot: Slot) -> Result<(), InstallError> {
+    install(mm, table, head, folio, Transfer::MoveIn { wake: false }, mm.staging.addr(slot))
+}
+
+/// Copy `folio.bytes()` from `src` into the folio's place.
+pub(crate) fn install_copy(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, src: usize) -> Result<(), InstallError> {
+    install(mm, table, head, folio, Transfer::CopyIn, src)
+}
+
+/// Copy zeros into a folio's place (folios below 2 MiB): one UFFDIO_COPY.
+pub(crate) fn install_zero(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize) -> Result<(), InstallError> {
+    install_copy(mm, table, head, folio, ZERO.as_ptr() as usize)
+}
+
+/// The address of zeros to copy a 4 KiB page from.
+pub(crate) fn zero_page() -> *const u8 {
+    ZERO.as_ptr()
+}
+
+/// Under the gate, with no event pending on the folio, at the folio's address now:
+/// transfer, pumping events whenever the kernel asks. A copy checks for events before
+/// every try (the source keeps its data, so it can stop anywhere); a move only before
+/// anything moved (once part of a folio is in, the rest must follow; an event marked
+/// meanwhile is applied after, by whoever locks the folio next).
+fn install(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, how: Transfer, src: usize) -> Result<(), InstallError> {
+    let (op, len) = (if how == Transfer::CopyIn { "UFFDIO_COPY" } else { "UFFDIO_MOVE" }, folio.bytes());
+    let mut done = 0;
+    loop {
+        let gate = mm.gate.read().unwrap();
+        if (done == 0 || how == Transfer::CopyIn) && table.entry(head).load().has(PENDING) {
+            return Err(InstallError::Pending);
+        }
+        let Some(addr) = table.folio_addr(head, folio.pages()) else {
+            return Err(InstallError::Unmapped);
+        };
+        let halt = match transfer(mm, how, addr, src, len, &mut done, &mut always_retry) {
+            Ok(()) => return Ok(()),
+            Err(halt) => halt,
+        };
+        match halt.why {
+            HaltReason::EventQueued => {
+                drop(gate);
+                pump_events(mm);
+            }
+            HaltReason::Unmapped if halt.done == 0 => return Err(InstallError::Unmapped),
+            HaltReason::Failed(err) => return Err(InstallError::Failed { op, addr, len, err: Some(err) }),
+            HaltReason::Unmapped | HaltReason::Busy => return Err(InstallError::Failed { op, addr, len, err: None }),
+        }
+    }
+}
+
+/// Wake the threads waiting on a folio, once its state and counters are published
+/// (installs do not wake, so that whoever resumes sees the fault accounted). Signal
+/// mode has nobody waiting.
+pub(crate) fn wake_folio(mm: &Mm, table: &FolioTable, target: usize, folio: FolioSize) {
+    if mm.config.fault_mode == crate::config::FaultMode::Thread {
+        let _gate = mm.gate.read().unwrap();
+        if let Some(addr) = table.folio_addr(target, folio.pages()) {
+            mm.uffd.wake(addr, folio.bytes());
+        }
+    }
+}

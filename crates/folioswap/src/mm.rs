@@ -1,0 +1,114 @@
+//! The engine's context: everything its threads (and, in signal mode, the faulting
+//! threads themselves) work on, as the kernel's `mm_struct` is for a process. Fields only:
+//! the behaviour lives in one file per path, as free functions taking `&Mm`:
+//!
+//! | path | file |
+//! |---|---|
+//! | a fault: thread or SIGBUS → resolve → one arm per folio state | `fault.rs` |
+//! | kswapd and direct reclaim | `reclaim.rs` |
+//! | one eviction: pick → batch → move out → store → publish, or put back | `evict.rs` |
+//! | pool writeback to the swap file | `writeback.rs` |
+//! | readahead after a swap-in | `readahead.rs` |
+//! | applying an event to a folio: drop or split | `events.rs` |
+//!
+//! and what they share: `install.rs` (every MOVE/COPY and its retry), `gate.rs` (reading
+//! the userfaultfd under the event gate), `charge.rs` (charging memory_high),
+//! `release.rs` (letting go of a folio's storage), `tier.rs` (the pool and the swap file).
+//!
+//! # Lock order
+//!
+//! Take locks only downwards in this table. A lock marked *leaf* is never held while
+//! another lock of this table is taken.
+//!
+//! | # | lock | protects | rule |
+//! |---|---|---|---|
+//! | 1 | folio lock (`PageEntry` LOCKED bit, `folio.rs`) | the folio's state, handle and storage | one taken blocking at a time; more only with `try_lock` (eviction batches, readahead, victim picking), or the tail pages of a folio whose head is held, ascending (split) |
+//! | 2 | `gate` (read) | the address of every page: no event is read while an ioctl maps a page | held across each MOVE/COPY into or out of a region; dropped before `gate::pump_events` |
+//! | 2 | `gate` (write) | reading the userfaultfd and marking events; changing the address map | never waits for a folio lock (marking sets PENDING without it) |
+//! | 3 | `ADDRESS_MAP` (`addrmap.rs`) | the process's managed address ranges | under the gate when written; held alone across fork |
+//! | 4 | `FolioTable::pieces` | where a table's pages are mapped | written under the gate (exclusive) and the address map |
+//! | 5 | staging free lists (per size) | free staging slots | may wait on its condvar for a slot while folio locks are held |
+//! | leaf | `events.pending`, `events.to_walk` | events marked and not yet applied | |
+//! | leaf | `lru` lists, `tiers.pool_lru` | eviction and writeback order | |
+//! | leaf | `ra` cache and queue | readahead copies, requests | |
+//! | leaf | staging batches, `deferred_faults`, `reclaim` wait queues | | |
+//!
+//! The pool (`zswap/zpool.rs`) and the swap file's slot allocator (`swapfile/cluster.rs`)
+//! have their own locks, documented there, taken only inside their calls. `memcg` is
+//! lock-free (atomics), as are the counters.
+
+use crate::config::Config;
+use crate::event_queue::EventQueue;
+use crate::lru::Lru;
+use crate::memcg::MemCg;
+use crate::ra_cache::Readahead;
+use crate::reclaim_ctl::ReclaimCtl;
+use crate::staging::Staging;
+use crate::stats::Counters;
+use crate::tier::Tiers;
+use crate::uffd::Uffd;
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Mutex, RwLock};
+
+pub(crate) struct Mm {
+    pub id: u64,
+    pub config: Config,
+    /// Registered MISSING on regions; faults and events arrive here.
+    pub uffd: Uffd,
+    /// Where folios sit while neither mapped nor stored (`staging.rs`).
+    pub staging: Staging,
+    /// The pool and the swap file.
+    pub tiers: Tiers,
+    pub memcg: MemCg,
+    pub lru: Lru,
+    pub reclaim: ReclaimCtl,
+    pub counters: Counters,
+    /// Swap readahead: the copies read ahead, the slot-order state, the helper's queue.
+    pub ra: Readahead,
+    /// The event gate (see the lock order above and `gate.rs`).
+    pub gate: RwLock<()>,
+    pub events: EventQueue,
+    /// Faults read by a thread that could not serve them at once (thread mode).
+    pub deferred_faults: Mutex<VecDeque<(usize, u32)>>,
+    /// Wakes the fault/event threads: stop, deferred faults, events to apply.
+    pub kick_fd: OwnedFd,
+    pub stop: AtomicBool,
+    pub managed_bytes: AtomicU64,
+    pub regions: AtomicU64,
+    pub hooks: ReclaimHooks,
+}
+
+/// How charging reaches reclaim without importing it: `charge::reserve` calls these when
+/// a charge would pass memory_high. The engine fills them in from `reclaim.rs` at start.
+pub(crate) struct ReclaimHooks {
+    /// Evict one folio (or write one pool entry back) in the faulting context.
+    pub direct_reclaim: fn(&Mm) -> DirectReclaim,
+    /// Empty the caches that hold charged memory nobody needs now (the staging reserve,
+    /// unused readahead copies); returns the bytes freed.
+    pub shrink_caches: fn(&Mm) -> u64,
+}
+
+/// What direct reclaim tells the charge that called it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DirectReclaim {
+    /// Something left memory, or may soon (a busy candidate): try the charge again.
+    ChargeAgain,
+    /// Nothing could be evicted or written back.
+    NothingFreed,
+}
+
+/// What one reclaim attempt achieved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reclaimed {
+    /// A folio left memory.
+    Freed,
+    /// Every candidate was busy (locked, or wanted back by a fault).
+    Busy,
+    /// Nothing resident to evict.
+    Nothing,
+    /// The pool is full and there is nowhere else to put folios (no swap file, or a full
+    /// or failing one).
+    PoolFull,
+}

@@ -1,0 +1,118 @@
+//! A region's folio table: one [`PageEntry`] per 4 KiB page of the region, and where the
+//! region's pages are mapped now.
+//!
+//! The table outlives address-space changes: `munmap` of part of a region takes pages out
+//! of the address map (they become Gone), and `mremap` moves pages to another address
+//! while they keep their entries, so a table's pages may end up in several *pieces*.
+//! Pieces change only under the event gate held exclusively (`gate.rs`); everything that
+//! turns a page into an address for an ioctl holds the gate shared.
+
+use crate::folio::PageEntry;
+use crate::ra_window::RegionRa;
+use crate::size::{FolioSize, PAGE_SIZE};
+use crate::sys::map_aligned;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::RwLock;
+
+/// A run of a table's pages mapped at one address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Piece {
+    pub page: usize,
+    pub pages: usize,
+    pub addr: usize,
+}
+
+/// The entries of one region's pages, and where those pages are mapped now.
+pub(crate) struct FolioTable {
+    pub folio: FolioSize,
+    pub pages: usize,
+    entries: *mut PageEntry,
+    pub pieces: RwLock<Vec<Piece>>,
+    /// Set when the region is dropped: LRU entries of a dead table are skipped.
+    pub dead: AtomicBool,
+    /// Folios of this table that an eviction moved out and has not yet published (or
+    /// dropped): dropping the region waits for them, so that it returns everything.
+    pub evicting: AtomicUsize,
+    /// The region's readahead window and counters (`ra_window.rs`).
+    pub ra: RegionRa,
+    /// A forked child inherits the region (`fork.rs`).
+    pub keep_on_fork: bool,
+}
+
+// SAFETY: `entries` points to a mapping owned by the table for its whole life; every
+// access goes through the atomic fields of PageEntry.
+unsafe impl Send for FolioTable {}
+// SAFETY: as above; shared access is only through atomics.
+unsafe impl Sync for FolioTable {}
+
+impl FolioTable {
+    pub fn new(folio: FolioSize, pages: usize, addr: usize) -> Result<FolioTable, i32> {
+        let bytes = (pages * std::mem::size_of::<PageEntry>()).next_multiple_of(PAGE_SIZE);
+        let entries = map_aligned(bytes, PAGE_SIZE)?;
+        // SAFETY: the range is the mapping just created; advice only changes paging policy.
+        unsafe {
+            crate::sys::madvise(entries as *mut libc::c_void, bytes, libc::MADV_NOHUGEPAGE);
+            crate::sys::madvise(entries as *mut libc::c_void, bytes, libc::MADV_DONTFORK);
+        }
+        Ok(FolioTable {
+            folio,
+            pages,
+            entries: entries as *mut PageEntry,
+            pieces: RwLock::new(vec![Piece { page: 0, pages, addr }]),
+            dead: AtomicBool::new(false),
+            evicting: AtomicUsize::new(0),
+            ra: Default::default(),
+            keep_on_fork: false,
+        })
+    }
+
+    pub fn entry(&self, page: usize) -> &PageEntry {
+        assert!(page < self.pages, "page {page} outside a table of {}", self.pages);
+        // SAFETY: in bounds; fresh anonymous memory is all-zero, a valid PageEntry, and
+        // the mapping lives until the table is dropped.
+        unsafe { &*self.entries.add(page) }
+    }
+
+    /// The first page of the folio holding `page`.
+    pub fn head_of(&self, page: usize) -> usize {
+        page & !(self.folio.pages() - 1)
+    }
+
+    /// Where `page` is mapped now. Callers hold the gate so pieces cannot change.
+    pub fn addr_of(&self, page: usize) -> Option<usize> {
+        let pieces = self.pieces.read().unwrap();
+        pieces
+            .iter()
+            .find(|p| page >= p.page && page < p.page + p.pages)
+            .map(|p| p.addr + (page - p.page) * PAGE_SIZE)
+    }
+
+    /// The mapped sub-runs of pages `[page, page + pages)`: (first page, count, address).
+    pub fn mapped_runs(&self, page: usize, pages: usize) -> Vec<Piece> {
+        let pieces = self.pieces.read().unwrap();
+        let mut runs: Vec<Piece> = pieces
+            .iter()
+            .filter_map(|p| {
+                let lo = page.max(p.page);
+                let hi = (page + pages).min(p.page + p.pages);
+                (lo < hi).then(|| Piece { page: lo, pages: hi - lo, addr: p.addr + (lo - p.page) * PAGE_SIZE })
+            })
+            .collect();
+        runs.sort_by_key(|r| r.page);
+        runs
+    }
+
+    /// Whether the folio's pages are mapped in one contiguous run (then it can move whole).
+    pub fn folio_addr(&self, head: usize, pages: usize) -> Option<usize> {
+        let runs = self.mapped_runs(head, pages);
+        (runs.len() == 1 && runs[0].pages == pages).then(|| runs[0].addr)
+    }
+}
+
+impl Drop for FolioTable {
+    fn drop(&mut self) {
+        let bytes = (self.pages * std::mem::size_of::<PageEntry>()).next_multiple_of(PAGE_SIZE);
+        // SAFETY: the entries mapping is owned by this table and nothing refers to it now.
+        unsafe { crate::sys::munmap(self.entries as *mut libc::c_void, bytes) };
+    }
+}

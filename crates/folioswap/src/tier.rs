@@ -1,0 +1,495 @@
+//! The tiers behind one face: where an evicted folio's data goes and comes back from.
+//! Today the compressed pool (`zswap/`) and, behind it, the swap file (`swapfile/`); a
+//! new tier adds a [`Placed`] variant and its arms here, and nowhere else.
+//!
+//! The face: [`Tiers::accepts`] (is there room), [`Tiers::store`] (compress or write),
+//! [`Tiers::load`] (decompress or read, checked), [`Tiers::free`] (release), and
+//! [`Tiers::record`] (publish where the data went into the folio's entry, counted).
+//!
+//! Where a folio goes, as zswap decides for the kernel (mm/zswap.c, mm/page_io.c):
+//! 1. into the pool, compressed whole, when the pool accepts it (`zswpout`);
+//! 2. onto the swap file, raw, when the pool is full and has not yet shrunk under
+//!    `accept_threshold_percent` of its cap (then nothing is compressed at all), when the
+//!    store finds it full (`zswap_pool_limit_hit`), or when the folio compresses less than
+//!    `min_compression_ratio` (`zswap_reject_compress_poor`) (`pswpout`).
+//!
+//! A folio is written whole into one aligned run of slots (`thp_swpout` for 2 MiB); when
+//! the allocator has no such run it is written as 4 KiB pieces and the folio is split
+//! (`swpout_fallback`, `thp_swpout_fallback`), as the kernel does. Every write carries a
+//! crc32c of the data, kept in the folio's handle word beside the slot and checked on
+//! swap-in: a mismatch or a read error fails the fault (SIGBUS, with the address and the
+//! reason on stderr) and leaves the data where it is, never silently wrong. A write error
+//! marks the slots bad and the folio stays where it was (memory or pool).
+//!
+//! The pool keeps a FIFO of the entries it stored (its LRU: entries leave it only by
+//! being loaded, so insertion order is age), which writeback (`writeback.rs`) walks.
+//!
+//! Locks: the pool LRU's mutex is a leaf; the pool and the swap device have their own
+//! internal locks (documented there), never held across a call into this file.
+
+use crate::config::Config;
+use crate::folio::Kind;
+use crate::memcg::MemCg;
+use crate::reclaim_ctl::ReclaimCtl;
+use crate::size::{FolioSize, PAGE_SIZE};
+use crate::stats::Counters;
+use crate::swapfile::io::folio_checksum;
+use crate::swapfile::SwapDevice;
+use crate::table::FolioTable;
+use crate::zswap::{CodecScratch, PoolHandle, StoreError, Stored, Zswap};
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Where eviction put one folio (or, once split, one 4 KiB page).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Placed {
+    /// All zeros: nothing stored.
+    Zero,
+    /// In the pool.
+    Pool { handle: PoolHandle, compressed_len: usize },
+    /// On the swap file, in the run of slots starting at `slot`.
+    File(SwapHandle),
+}
+
+impl From<Stored> for Placed {
+    fn from(s: Stored) -> Placed {
+        match s {
+            Stored::Zero => Placed::Zero,
+            Stored::Entry { handle, compressed_len } => Placed::Pool { handle, compressed_len },
+        }
+    }
+}
+
+/// File writes queued for one submission: (first slot, data).
+pub(crate) type WriteBatch<'a> = Vec<(u64, &'a [u8])>;
+
+/// Why a folio could not leave memory.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum SwapOutError {
+    /// The pool is full and there is no swap file.
+    PoolFull,
+    /// The pool is full (or refused the folio) and the swap file has no room.
+    NoSpace,
+    /// The swap file failed the write; its slots are marked bad.
+    WriteFailed,
+}
+
+/// Why a swapped-out folio's data could not be brought back. The data stays where it was.
+#[derive(Debug)]
+pub(crate) enum LoadError {
+    /// The pool entry does not decompress.
+    Corrupt(String),
+    /// The swap file's read failed.
+    ReadFailed { slot: u64, err: std::io::Error },
+    /// The data read does not match the checksum it was written with.
+    Checksum { slot: u64, found: u32, written: u32 },
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadError::Corrupt(why) => write!(f, "its pool entry is corrupt: {why}"),
+            LoadError::ReadFailed { slot, err } => write!(f, "reading it from swap slot {slot} failed: {err}"),
+            LoadError::Checksum { slot, found, written } => {
+                write!(f, "its data on swap slot {slot} fails the checksum (crc32c {found:#010x}, written as {written:#010x})")
+            }
+        }
+    }
+}
+
+/// A Swapped folio's handle word: the first slot in the low 32 bits (the file holds at
+/// most 2^32 slots, 16 TiB), the crc32c of the data in the high 32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SwapHandle {
+    pub slot: u64,
+    pub checksum: u32,
+}
+
+impl SwapHandle {
+    pub fn to_raw(self) -> u64 {
+        debug_assert!(self.slot < 1 << 32);
+        ((self.checksum as u64) << 32) | self.slot
+    }
+    pub fn from_raw(raw: u64) -> SwapHandle {
+        SwapHandle { slot: raw & 0xFFFF_FFFF, checksum: (raw >> 32) as u32 }
+    }
+}
+
+/// One pool entry in the writeback FIFO; current if the folio is still Pool with the
+/// generation it was stored with.
+pub(crate) struct PoolLruEntry {
+    pub table: Arc<FolioTable>,
+    pub page: usize,
+    pub order: u8,
+    pub gen: u16,
+}
+
+/// The pool's age order, oldest first (zswap's LRU).
+#[derive(Default)]
+pub(crate) struct PoolLru {
+    entries: Mutex<VecDeque<PoolLruEntry>>,
+}
+
+impl PoolLru {
+    fn push(&self, table: &Arc<FolioTable>, page: usize, folio: FolioSize, gen: u16, live_entries: u64) {
+        let mut entries = self.entries.lock().unwrap();
+        entries.push_back(PoolLruEntry { table: table.clone(), page, order: folio.order() as u8, gen });
+        // Entries that were loaded stay queued until writeback passes them; keep the
+        // queue within a small multiple of what the pool holds.
+        if entries.len() as u64 > 2 * live_entries + 1024 {
+            entries.retain(|e| {
+                let s = e.table.entry(e.page).load();
+                !e.table.dead.load(Ordering::Relaxed) && s.kind() == Kind::Pool && s.gen() == e.gen
+            });
+        }
+    }
+    pub fn pop(&self) -> Option<PoolLruEntry> {
+        self.entries.lock().unwrap().pop_front()
+    }
+    pub fn push_front(&self, e: PoolLruEntry) {
+        self.entries.lock().unwrap().push_front(e);
+    }
+    pub fn push_back(&self, e: PoolLruEntry) {
+        self.entries.lock().unwrap().push_back(e);
+    }
+    pub fn len(&self) -> usize {
+        self.entries.lock().unwrap().len()
+    }
+}
+
+/// The pool and the swap file, with the policy that chooses between them.
+pub(crate) struct Tiers {
+    pub zswap: Zswap,
+    /// The pool's entries oldest first, for writeback to the swap file.
+    pub pool_lru: PoolLru,
+    /// The swap file tier behind the pool, if configured.
+    pub file: Option<SwapDevice>,
+    /// The pool refused a store; stop offering it folios until it has room again.
+    pool_full: AtomicBool,
+    /// Uncompressed bytes of the folios in the pool.
+    pool_folio_bytes: AtomicU64,
+    accept_threshold_percent: u64,
+    min_compression_ratio: f64,
+}
+
+impl Tiers {
+    pub fn new(zswap: Zswap, file: Option<SwapDevice>, config: &Config) -> Tiers {
+        Tiers {
+            zswap,
+            pool_lru: PoolLru::default(),
+            file,
+            pool_full: AtomicBool::new(false),
+            pool_folio_bytes: AtomicU64::new(0),
+            accept_threshold_percent: config.accept_threshold_percent as u64,
+            min_compression_ratio: config.min_compression_ratio,
+        }
+    }
+
+    /// The pool's footprint: what it charges with `charge_pool`.
+    pub fn pool_bytes(&self) -> u64 {
+        self.zswap.pool.footprint_bytes()
+    }
+
+    /// Uncompressed bytes of the folios in the pool.
+    pub fn pool_folio_bytes(&self) -> u64 {
+        self.pool_folio_bytes.load(Ordering::Relaxed)
+    }
+
+    pub fn pool_is_full(&self) -> bool {
+        self.pool_full.load(Ordering::Relaxed)
+    }
+
+    /// Whether the pool takes `bytes` more. Once it has been found full it takes nothing
+    /// until it is back under the accept threshold (with a swap file to send folios to
+    /// meanwhile) or has room again (without one).
+    pub fn accepts(&self, bytes: u64) -> bool {
+        let pool = &self.zswap.pool;
+        if pool.cap() == 0 && self.file.is_some() {
+            // max_pool=0 with a swap file: the pool is off, as zswap disabled.
+            return false;
+        }
+        if !self.pool_is_full() {
+            return true;
+        }
+        let limit = match self.file {
+            Some(_) => pool.cap() / 100 * self.accept_threshold_percent,
+            None => pool.cap(),
+        };
+        if pool.footprint_bytes() + bytes <= limit {
+            self.pool_full.store(false, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+
+    /// Whether a folio of about `bytes` compressed can go anywhere: the pool takes it,
+    /// or the file has room.
+    pub fn can_store(&self, bytes: u64) -> bool {
+        self.accepts(bytes) || self.file.as_ref().is_some_and(|dev| dev.has_free_slots())
+    }
+
+    /// Whether the pool should be written back to the swap file now: it was found full
+    /// and is over its accept threshold, or (with `charge_pool`) it holds more than half
+    /// of memory_high.
+    pub fn needs_writeback(&self, memcg: &MemCg) -> bool {
+        if self.file.is_none() {
+            return false;
+        }
+        let pool = &self.zswap.pool;
+        let footprint = pool.footprint_bytes();
+        let over_threshold = self.pool_is_full() && footprint > pool.cap() / 100 * self.accept_threshold_percent;
+        let over_charge = memcg.charge_pool && memcg.limit.is_some_and(|high| footprint > high / 2);
+        over_threshold || over_charge
+    }
+
+    /// Store an evicted folio: in the pool, or on the swap file (see the module comment).
+    /// With `batch`, file writes are queued there instead of issued (the kernel's
+    /// `swap_writepage` plugged).
+    /// A pool found full wakes a reclaimer to write its oldest entries back.
+    pub fn store<'a>(
+        &self,
+        data: &'a [u8],
+        folio: FolioSize,
+        scratch: &mut CodecScratch,
+        batch: Option<&mut WriteBatch<'a>>,
+        counters: &Counters,
+        reclaim: &ReclaimCtl,
+    ) -> Result<Vec<Placed>, SwapOutError> {
+        let vm = &counters.vm;
+        if self.file.is_some() && !self.accepts(data.len() as u64 / 2) {
+            return self.write_to_file(data, folio, batch, counters);
+        }
+        let min_ratio = self.file.as_ref().map(|_| self.min_compression_ratio);
+        match self.zswap.zswap_store(data, scratch, min_ratio) {
+            Ok(stored) => Ok(vec![stored.into()]),
+            Err(StoreError::CompressPoor) => {
+                vm.zswap_reject_compress_poor.inc();
+                self.write_to_file(data, folio, batch, counters)
+            }
+            Err(StoreError::Full) => {
+                vm.zswap_pool_limit_hit.inc();
+                if !self.pool_full.swap(true, Ordering::Relaxed) {
+                    reclaim.wake_one();
+                }
+                match self.file {
+                    Some(_) => self.write_to_file(data, folio, batch, counters),
+                    None => Err(SwapOutError::PoolFull),
+                }
+            }
+        }
+    }
+
+    /// Write a folio to the swap file: whole into one aligned run of slots, or, when the
+    /// allocator has none, as 4 KiB pieces (the caller splits the folio). With `batch` the
+    /// writes are only queued: the caller issues the batch (`write_batch`) before it
+    /// publishes anything.
+    pub fn write_to_file<'a>(
+        &self,
+        data: &'a [u8],
+        folio: FolioSize,
+        batch: Option<&mut WriteBatch<'a>>,
+        counters: &Counters,
+    ) -> Result<Vec<Placed>, SwapOutError> {
+        let Some(dev) = &self.file else {
+            return Err(SwapOutError::PoolFull);
+        };
+        let order = folio.order();
+        if let Some(slot) = dev.alloc(order) {
+            let handle = SwapHandle { slot, checksum: folio_checksum(data) };
+            if let Some(batch) = batch {
+                batch.push((slot, data));
+                return Ok(vec![Placed::File(handle)]);
+            }
+            return match dev.io.write_at(slot, data) {
+                Ok(()) => Ok(vec![Placed::File(handle)]),
+                Err(err) => {
+                    self.write_failed(slot, order, &err, counters);
+                    Err(SwapOutError::WriteFailed)
+                }
+            };
+        }
+        if order == 0 {
+            return Err(SwapOutError::NoSpace);
+        }
+        let mut slots = Vec::with_capacity(folio.pages());
+        for _ in 0..folio.pages() {
+            match dev.alloc(0) {
+                Some(slot) => slots.push(slot),
+                None => {
+                    slots.iter().for_each(|&s| dev.free(s, 0));
+                    return Err(SwapOutError::NoSpace);
+                }
+            }
+        }
+        let ios: Vec<(u64, &[u8])> = slots.iter().copied().zip(data.chunks(PAGE_SIZE)).collect();
+        let placed = ios.iter().map(|&(slot, page)| Placed::File(SwapHandle { slot, checksum: folio_checksum(page) })).collect();
+        if let Some(batch) = batch {
+            batch.extend(ios);
+            return Ok(placed);
+        }
+        if let Err(err) = dev.io.write_batch(&ios) {
+            // Which piece failed is unknown: mark them all bad rather than trust any.
+            for &slot in &slots {
+                self.write_failed(slot, 0, &err, counters);
+            }
+            return Err(SwapOutError::WriteFailed);
+        }
+        Ok(placed)
+    }
+
+    /// Issue the file writes queued by the stores of one eviction batch in one
+    /// submission (their staging copies are contiguous, and so are their slots when the
+    /// allocator hands out a run: `pwritev` merges them). `spans[i]` is the part of
+    /// `batch` that `results[i]` queued; if the write fails, every result that queued
+    /// anything fails, what it stored in the pool is freed and its slots are marked bad.
+    pub fn write_batch(
+        &self,
+        batch: &WriteBatch<'_>,
+        spans: &[std::ops::Range<usize>],
+        results: &mut [Result<Vec<Placed>, SwapOutError>],
+        counters: &Counters,
+    ) {
+        if batch.is_empty() {
+            return;
+        }
+        let dev = self.file.as_ref().expect("queued writes imply a swap file");
+        let Err(err) = dev.io.write_batch(batch) else { return };
+        for (result, span) in results.iter_mut().zip(spans) {
+            if span.is_empty() {
+                continue;
+            }
+            if let Ok(placed) = result {
+                for p in placed.iter() {
+                    if let Placed::Pool { handle, .. } = *p {
+                        self.zswap.free(handle);
+                    }
+                }
+            }
+            *result = Err(SwapOutError::WriteFailed);
+        }
+        for &(slot, data) in batch {
+            self.write_failed(slot, (data.len() / PAGE_SIZE).trailing_zeros(), &err, counters);
+        }
+    }
+
+    fn write_failed(&self, slot: u64, order: u32, err: &std::io::Error, counters: &Counters) {
+        counters.vm.swap_write_error.inc();
+        if let Some(dev) = &self.file {
+            dev.mark_bad(slot, order);
+        }
+        eprintln!(
+            "folioswap: writing {} KiB to swap slot {slot} failed: {err}; the slots are marked bad and the folio stays in memory",
+            4 << order
+        );
+    }
+
+    /// Bring a swapped-out folio's data into `dst` (exactly one folio), from the pool or
+    /// the file, checked. The caller holds the folio lock, so the handle stays live.
+    pub fn load(&self, kind: Kind, handle: u64, dst: &mut [u8], counters: &Counters) -> Result<(), LoadError> {
+        match kind {
+            // SAFETY: the handle is live: the folio is Pool and the caller holds its lock.
+            Kind::Pool => unsafe { self.zswap.zswap_load(PoolHandle::from_raw(handle), dst) }.map_err(LoadError::Corrupt),
+            Kind::Swapped => self.read_from_file(SwapHandle::from_raw(handle), dst, counters),
+            other => unreachable!("load of a {other:?} folio"),
+        }
+    }
+
+    /// Read a folio from the swap file and check it against the checksum it was written with.
+    fn read_from_file(&self, h: SwapHandle, dst: &mut [u8], counters: &Counters) -> Result<(), LoadError> {
+        let dev = self.file.as_ref().expect("a Swapped folio implies a swap file");
+        if let Err(err) = dev.io.read_at(h.slot, dst) {
+            counters.vm.swap_read_error.inc();
+            return Err(LoadError::ReadFailed { slot: h.slot, err });
+        }
+        self.check(h, dst, counters)
+    }
+
+    /// Check data read from the file against its handle's checksum.
+    pub fn check(&self, h: SwapHandle, data: &[u8], counters: &Counters) -> Result<(), LoadError> {
+        let found = folio_checksum(data);
+        if found != h.checksum {
+            counters.vm.swap_checksum_error.inc();
+            return Err(LoadError::Checksum { slot: h.slot, found, written: h.checksum });
+        }
+        Ok(())
+    }
+
+    /// Release a swapped-out folio's storage (loaded back, discarded or unmapped).
+    pub fn free(&self, kind: Kind, handle: u64, folio: FolioSize) {
+        match kind {
+            Kind::Pool => {
+                self.zswap.free(PoolHandle::from_raw(handle));
+                self.pool_folio_bytes.fetch_sub(folio.bytes() as u64, Ordering::Relaxed);
+            }
+            Kind::Swapped => {
+                let dev = self.file.as_ref().expect("a Swapped folio implies a swap file");
+                dev.free(SwapHandle::from_raw(handle).slot, folio.order());
+            }
+            other => unreachable!("free of a {other:?} folio"),
+        }
+    }
+
+    /// Release what a store placed but nobody published (several entries are 4 KiB pieces).
+    pub fn free_placed(&self, placed: &[Placed], folio: FolioSize) {
+        let size = if placed.len() > 1 { FolioSize::K4 } else { folio };
+        for p in placed {
+            match *p {
+                Placed::Zero => {}
+                Placed::Pool { handle, .. } => self.zswap.free(handle),
+                Placed::File(h) => self.file.as_ref().expect("placed on a swap file").free(h.slot, size.order()),
+            }
+        }
+    }
+
+    /// Publish `placed` into the locked entry at `page`: set its handle, count the store
+    /// under its tier, and return the kind the entry takes.
+    pub fn record(&self, table: &Arc<FolioTable>, page: usize, folio: FolioSize, gen: u16, placed: Placed, counters: &Counters) -> Kind {
+        let vm = &counters.vm;
+        let sc = counters.size(folio);
+        let e = table.entry(page);
+        let pages = folio.pages() as u64;
+        match placed {
+            Placed::Zero => {
+                vm.zswap_same_filled.inc();
+                vm.zswpout.add(pages);
+                sc.zswpout.inc();
+                e.set_handle(0);
+                Kind::ZeroSwapped
+            }
+            Placed::Pool { handle, compressed_len } => {
+                if compressed_len == folio.bytes() {
+                    vm.zswap_stored_raw.inc();
+                }
+                vm.zswpout.add(pages);
+                sc.zswpout.inc();
+                self.pool_folio_bytes.fetch_add(folio.bytes() as u64, Ordering::Relaxed);
+                self.pool_lru.push(table, page, folio, gen, self.zswap.pool.live_objects());
+                e.set_handle(handle.to_raw());
+                Kind::Pool
+            }
+            Placed::File(h) => {
+                vm.pswpout.add(pages);
+                sc.swpout.inc();
+                if folio.is_huge() {
+                    vm.thp_swpout.inc();
+                }
+                e.set_handle(h.to_raw());
+                Kind::Swapped
+            }
+        }
+    }
+
+    /// Count a folio brought in from `kind` (by a fault or by readahead).
+    pub fn count_load(kind: Kind, folio: FolioSize, counters: &Counters) {
+        let sc = counters.size(folio);
+        if kind == Kind::Swapped {
+            counters.vm.pswpin.add(folio.pages() as u64);
+            sc.swpin.inc();
+        } else {
+            counters.vm.zswpin.add(folio.pages() as u64);
+            sc.zswpin.inc();
+        }
+    }
+}
