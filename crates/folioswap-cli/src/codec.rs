@@ -96,7 +96,8 @@ pub fn run(args: CodecArgs) -> Result<bool, String> {
         .split(',')
         .map(|c| c.trim().parse::<Compressor>().map_err(|_| format!("--compressor: {c:?} is not one of {}", Compressor::ACCEPTED)))
         .collect::<Result<Vec<_>, _>>()?;
-    let folios = args.folio.split(',').map(|f| f.trim().parse::<FolioSize>().map_err(|e| format!("--folio: {e}"))).collect::<Result<Vec<_>, _>>()?;
+    let folios =
+        args.folio.split(',').map(|f| f.trim().parse::<FolioSize>().map_err(|e| format!("--folio: {e}"))).collect::<Result<Vec<_>, _>>()?;
     if args.passes == 0 || args.mib < 2 {
         return Err("--passes must be at least 1 and --mib at least 2".into());
     }
@@ -112,7 +113,10 @@ pub fn run(args: CodecArgs) -> Result<bool, String> {
         println!("{}", serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?);
     } else {
         println!("usemem data, {} MiB per pass, median of {} passes, one thread", args.mib, args.passes);
-        println!("{:<10} {:>6} {:>13} {:>15} {:>7} {:>14} {:>16}", "codec", "folio", "compress MB/s", "decompress MB/s", "ratio", "compress µs/f", "decompress µs/f");
+        println!(
+            "{:<10} {:>6} {:>13} {:>15} {:>7} {:>14} {:>16}",
+            "codec", "folio", "compress MB/s", "decompress MB/s", "ratio", "compress µs/f", "decompress µs/f"
+        );
         for r in &rows {
             println!(
                 "{:<10} {:>6} {:>13.0} {:>15.0} {:>7.2} {:>14.1} {:>16.1}",

@@ -42,8 +42,7 @@ impl Permutation {
             z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             z ^ (z >> 31)
         };
-        let keys = [(next() | 1, next(), 0), (next() | 1, next(), 0), (next() | 1, next(), 0)]
-            .map(|(m, a, _)| (m, a, mul_inverse(m)));
+        let keys = [(next() | 1, next(), 0), (next() | 1, next(), 0), (next() | 1, next(), 0)].map(|(m, a, _)| (m, a, mul_inverse(m)));
         Permutation { n, bits, mask, keys }
     }
 

@@ -9,8 +9,7 @@ pub fn bar(total: u64, what: &str) -> ProgressBar {
     }
     let bar = ProgressBar::new(total);
     bar.set_style(
-        ProgressStyle::with_template("{prefix:>8} [{elapsed_precise}] {wide_bar} {percent:>3}% eta {eta}")
-            .expect("valid template"),
+        ProgressStyle::with_template("{prefix:>8} [{elapsed_precise}] {wide_bar} {percent:>3}% eta {eta}").expect("valid template"),
     );
     bar.set_prefix(what.to_string());
     bar

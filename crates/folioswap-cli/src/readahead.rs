@@ -394,7 +394,9 @@ fn run_mode(args: &ReadaheadArgs, mode: Mode, config: Config) -> Result<ModeRepo
             std::thread::sleep(left.min(Duration::from_millis(100)));
         }
         stop.store(true, Ordering::Relaxed);
-        let join = |h: Vec<std::thread::ScopedJoinHandle<Done>>| -> Vec<Done> { h.into_iter().map(|h| h.join().expect("worker panicked")).collect() };
+        let join = |h: Vec<std::thread::ScopedJoinHandle<Done>>| -> Vec<Done> {
+            h.into_iter().map(|h| h.join().expect("worker panicked")).collect()
+        };
         let (seq_done, rand_done) = (join(seq_handles), join(rand_handles));
         let measured = t0.elapsed().as_secs_f64();
         bar.finish_and_clear();
@@ -473,7 +475,11 @@ fn validate(args: &ReadaheadArgs, config: &Config) -> Result<(), String> {
             return Err(format!("--seq-threads must be at least 1 and --seq-size hold a {} folio per thread", config.folio_size));
         }
         if !matches!(limit, Some(l) if args.seq_size > l) {
-            eprintln!("readahead: warning: --seq-size {} does not exceed --limit {}: the sequential walk will not swap", format_bytes(args.seq_size), args.limit);
+            eprintln!(
+                "readahead: warning: --seq-size {} does not exceed --limit {}: the sequential walk will not swap",
+                format_bytes(args.seq_size),
+                args.limit
+            );
         }
     }
     if args.workload != Workload::Sequential {
@@ -481,7 +487,11 @@ fn validate(args: &ReadaheadArgs, config: &Config) -> Result<(), String> {
             return Err("--rand-threads must be at least 1 and --rand-size hold a page per thread".into());
         }
         if args.workload == Workload::Random && !matches!(limit, Some(l) if args.rand_size > l) {
-            eprintln!("readahead: warning: --rand-size {} does not exceed --limit {}: nothing will swap", format_bytes(args.rand_size), args.limit);
+            eprintln!(
+                "readahead: warning: --rand-size {} does not exceed --limit {}: nothing will swap",
+                format_bytes(args.rand_size),
+                args.limit
+            );
         }
     }
     if args.page_cluster == 0 && args.modes.iter().any(|&m| m != Mode::Off) {
@@ -501,8 +511,16 @@ pub fn run(args: ReadaheadArgs) -> Result<bool, String> {
         "readahead: {} workload, limit {}; {}{}; folio {}, {}, page_cluster {}, {} s per mode; fault mode {}, lru {}, max_pool {}, {}",
         format!("{:?}", args.workload).to_lowercase(),
         base.memory_high.map(format_bytes).unwrap_or_else(|| "max".into()),
-        if seq { format!("SEQ {} x {} threads (stride {})", format_bytes(args.seq_size), args.seq_threads, args.stride) } else { String::new() },
-        if rand { format!("{}RAND {} x {} threads", if seq { ", " } else { "" }, format_bytes(args.rand_size), args.rand_threads) } else { String::new() },
+        if seq {
+            format!("SEQ {} x {} threads (stride {})", format_bytes(args.seq_size), args.seq_threads, args.stride)
+        } else {
+            String::new()
+        },
+        if rand {
+            format!("{}RAND {} x {} threads", if seq { ", " } else { "" }, format_bytes(args.rand_size), args.rand_threads)
+        } else {
+            String::new()
+        },
         base.folio_size,
         base.compressor,
         args.page_cluster,

@@ -84,12 +84,12 @@ pub fn run(args: RunArgs) -> Result<std::process::ExitCode, String> {
             vars.push((var, v.clone()));
         }
     }
-    let threshold = parse_bytes(&args.threshold).ok().filter(|&n| n > 0).ok_or_else(|| {
-        format!("--threshold={:?} is not valid: expected a size like 1M or 256K", args.threshold)
-    })?;
+    let threshold = parse_bytes(&args.threshold)
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("--threshold={:?} is not valid: expected a size like 1M or 256K", args.threshold))?;
     let env_vars = std::env::vars().filter(|(n, _)| !vars.iter().any(|(v, _)| v == n));
-    let config = Config::from_vars(env_vars.chain(vars.iter().map(|(n, v)| (n.to_string(), v.clone()))))
-        .map_err(|e| e.to_string())?;
+    let config = Config::from_vars(env_vars.chain(vars.iter().map(|(n, v)| (n.to_string(), v.clone())))).map_err(|e| e.to_string())?;
 
     let program = &args.command[0];
     let mut cmd = Command::new(program);

@@ -12,9 +12,7 @@
 //! 1..=N threads in one table.
 
 use folioswap::format_bytes;
-use folioswap::swapfile::cluster::{
-    GlobalLockMap, SlotAllocator, SlotCache, SwapMap, MAX_ORDER, SLOT_SIZE,
-};
+use folioswap::swapfile::cluster::{GlobalLockMap, SlotAllocator, SlotCache, SwapMap, MAX_ORDER, SLOT_SIZE};
 use serde::Serialize;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
@@ -156,29 +154,15 @@ impl WorkingSet {
         self.rng ^= self.rng << 13;
         self.rng ^= self.rng >> 7;
         self.rng ^= self.rng << 17;
-        let (first, order) = unpack(
-            self.runs
-                .swap_remove((self.rng % self.runs.len() as u64) as usize),
-        );
+        let (first, order) = unpack(self.runs.swap_remove((self.rng % self.runs.len() as u64) as usize));
         front.free(first, order);
         self.slots -= 1 << order;
     }
 }
 
 /// One thread of a pass: fill, wait, the timed loop, wait, free everything. Returns its calls.
-fn worker(
-    mut front: Front,
-    args: &SlotsArgs,
-    orders: &[u32],
-    share: u64,
-    seed: u64,
-    timed: &Barrier,
-) -> u64 {
-    let mut set = WorkingSet {
-        runs: Vec::new(),
-        slots: 0,
-        rng: seed | 1,
-    };
+fn worker(mut front: Front, args: &SlotsArgs, orders: &[u32], share: u64, seed: u64, timed: &Barrier) -> u64 {
+    let mut set = WorkingSet { runs: Vec::new(), slots: 0, rng: seed | 1 };
     let mut turn = 0;
     let mut next_order = || {
         turn += 1;
@@ -210,12 +194,7 @@ fn worker(
 }
 
 /// One pass on a fresh map: allocation and free calls per second, fallbacks, order-0 failures.
-fn pass(
-    allocator: Allocator,
-    threads: usize,
-    args: &SlotsArgs,
-    orders: &[u32],
-) -> Result<(f64, u64, u64), String> {
+fn pass(allocator: Allocator, threads: usize, args: &SlotsArgs, orders: &[u32]) -> Result<(f64, u64, u64), String> {
     let slots = args.size / SLOT_SIZE;
     let (clusters, global) = match allocator {
         Allocator::Clusters => (Some(Arc::new(SwapMap::new(slots))), None),
@@ -237,44 +216,24 @@ fn pass(
             .map(|t| {
                 let front = front();
                 let timed = &timed;
-                s.spawn(move || {
-                    worker(
-                        front,
-                        args,
-                        orders,
-                        share,
-                        0x9E37_79B9_7F4A_7C15 * (t as u64 + 1),
-                        timed,
-                    )
-                })
+                s.spawn(move || worker(front, args, orders, share, 0x9E37_79B9_7F4A_7C15 * (t as u64 + 1), timed))
             })
             .collect();
         timed.wait();
         let start = Instant::now();
         timed.wait();
         let elapsed = start.elapsed().as_secs_f64();
-        let calls: u64 = handles
-            .into_iter()
-            .map(|h| h.join().expect("a worker panicked"))
-            .sum();
+        let calls: u64 = handles.into_iter().map(|h| h.join().expect("a worker panicked")).sum();
         (elapsed, calls)
     });
     if map.used_slots() != 0 {
-        return Err(format!(
-            "{} slots still allocated after every thread freed everything",
-            map.used_slots()
-        ));
+        return Err(format!("{} slots still allocated after every thread freed everything", map.used_slots()));
     }
     let fallbacks = (1..=MAX_ORDER).map(|o| map.fallbacks(o)).sum();
     Ok((calls as f64 / elapsed, fallbacks, map.fallbacks(0)))
 }
 
-fn measure(
-    allocator: Allocator,
-    threads: usize,
-    args: &SlotsArgs,
-    orders: &[u32],
-) -> Result<Row, String> {
+fn measure(allocator: Allocator, threads: usize, args: &SlotsArgs, orders: &[u32]) -> Result<Row, String> {
     let mut rates = Vec::with_capacity(args.passes);
     let (mut fallbacks, mut order0_failures) = (0, 0);
     for _ in 0..args.passes {
@@ -285,14 +244,7 @@ fn measure(
     }
     let mut sorted = rates.clone();
     sorted.sort_by(f64::total_cmp);
-    Ok(Row {
-        allocator,
-        threads,
-        ops_per_s: sorted[sorted.len() / 2],
-        passes_ops_per_s: rates,
-        fallbacks,
-        order0_failures,
-    })
+    Ok(Row { allocator, threads, ops_per_s: sorted[sorted.len() / 2], passes_ops_per_s: rates, fallbacks, order0_failures })
 }
 
 pub fn run(args: SlotsArgs) -> Result<bool, String> {
@@ -301,14 +253,10 @@ pub fn run(args: SlotsArgs) -> Result<bool, String> {
         .split(',')
         .map(|o| match o.trim().parse::<u32>() {
             Ok(order) if order <= MAX_ORDER => Ok(order),
-            _ => Err(format!(
-                "--order-mix: {o:?} is not an order from 0 to {MAX_ORDER}"
-            )),
+            _ => Err(format!("--order-mix: {o:?} is not an order from 0 to {MAX_ORDER}")),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if threads == 0 || args.passes == 0 || args.batch == 0 {
         return Err("--threads, --passes and --batch must be at least 1".into());
     }
@@ -317,10 +265,7 @@ pub fn run(args: SlotsArgs) -> Result<bool, String> {
     }
     let clusters = args.size / SLOT_SIZE / 512;
     if clusters < 2 * threads as u64 {
-        return Err(format!(
-            "--size {} is too small: give each thread at least two 2 MiB clusters",
-            args.size
-        ));
+        return Err(format!("--size {} is too small: give each thread at least two 2 MiB clusters", args.size));
     }
     let mut rows = Vec::new();
     if args.sweep {
@@ -329,18 +274,11 @@ pub fn run(args: SlotsArgs) -> Result<bool, String> {
             rows.push(measure(Allocator::Clusters, t, &args, &orders)?);
         }
     } else {
-        let allocator = if args.baseline {
-            Allocator::GlobalLock
-        } else {
-            Allocator::Clusters
-        };
+        let allocator = if args.baseline { Allocator::GlobalLock } else { Allocator::Clusters };
         rows.push(measure(allocator, threads, &args, &orders)?);
     }
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?
-        );
+        println!("{}", serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?);
         return Ok(true);
     }
     println!(
@@ -352,10 +290,7 @@ pub fn run(args: SlotsArgs) -> Result<bool, String> {
         args.passes
     );
     if args.sweep {
-        println!(
-            "{:>7} {:>18} {:>18} {:>8} {:>22}",
-            "threads", "global lock M/s", "clusters M/s", "speedup", "fallbacks (glob/clus)"
-        );
+        println!("{:>7} {:>18} {:>18} {:>8} {:>22}", "threads", "global lock M/s", "clusters M/s", "speedup", "fallbacks (glob/clus)");
         for pair in rows.chunks_exact(2) {
             let (before, after) = (&pair[0], &pair[1]);
             println!(

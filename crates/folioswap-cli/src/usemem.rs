@@ -500,12 +500,7 @@ fn print_table(r: &Report) {
     }
     println!("  rounds       {}", r.round_s.iter().map(|s| format!("{s:.2}s")).collect::<Vec<_>>().join(" "));
     println!("  cpu          {:.2} s ({:.0}% of all CPUs during the rounds)", r.cpu_s, r.cpu_utilization_pct);
-    println!(
-        "  verified     {}  ({} words, {} mismatches)",
-        if r.verified { "yes" } else { "NO" },
-        r.words_verified,
-        r.mismatches
-    );
+    println!("  verified     {}  ({} words, {} mismatches)", if r.verified { "yes" } else { "NO" }, r.words_verified, r.mismatches);
     for m in &r.first_mismatches {
         println!("    worker {} word {}: expected {} found {}", m.worker, m.word, m.expected, m.found);
     }
@@ -524,7 +519,8 @@ fn print_table(r: &Report) {
         m.pool_entries
     );
     if let (Some(sw), Some(file)) = (&r.stats.swap, &c.swap_file) {
-        let lat = |l: &Option<folioswap::Latency>| l.as_ref().map(|l| format!("p50 {:.0}us p99 {:.0}us", l.p50_us, l.p99_us)).unwrap_or_default();
+        let lat =
+            |l: &Option<folioswap::Latency>| l.as_ref().map(|l| format!("p50 {:.0}us p99 {:.0}us", l.p50_us, l.p99_us)).unwrap_or_default();
         println!(
             "  swap file    {} {}: {} of {} slots used ({} bad), {} written ({}), {} read ({})",
             file,

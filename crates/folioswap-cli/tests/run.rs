@@ -112,11 +112,7 @@ fn compile(source: &Path, name: &str) -> PathBuf {
     let out = Path::new(TMP).join(name);
     // Built under a unique name and renamed into place: tests sharing a program can race.
     let tmp = Path::new(TMP).join(unique(&format!(".{name}.building")));
-    let result = Command::new("cc")
-        .args(["-O2", "-Wall", "-pthread", "-o"])
-        .arg(&tmp)
-        .arg(source)
-        .output();
+    let result = Command::new("cc").args(["-O2", "-Wall", "-pthread", "-o"]).arg(&tmp).arg(source).output();
     match result {
         Err(e) if e.kind() == io::ErrorKind::NotFound => panic!(
             "`cc` was not found: these tests compile C programs ({}); install a C compiler \
@@ -124,12 +120,9 @@ fn compile(source: &Path, name: &str) -> PathBuf {
             source.display()
         ),
         Err(e) => panic!("cannot run cc: {e}"),
-        Ok(o) if !o.status.success() => panic!(
-            "cc -O2 -Wall -pthread {} failed ({}):\n{}",
-            source.display(),
-            o.status,
-            String::from_utf8_lossy(&o.stderr)
-        ),
+        Ok(o) if !o.status.success() => {
+            panic!("cc -O2 -Wall -pthread {} failed ({}):\n{}", source.display(), o.status, String::from_utf8_lossy(&o.stderr))
+        }
         Ok(_) => {}
     }
     fs::rename(&tmp, &out).unwrap_or_else(|e| panic!("cannot move {} into place: {e}", tmp.display()));
@@ -193,24 +186,16 @@ impl Run {
     }
 
     fn assert_stdout_line(&self, line: &str) {
-        assert!(
-            self.stdout.lines().any(|l| l.trim_end() == line),
-            "stdout has no line {line:?}\n{}",
-            self.describe()
-        );
+        assert!(self.stdout.lines().any(|l| l.trim_end() == line), "stdout has no line {line:?}\n{}", self.describe());
     }
 
     fn stats(&self) -> &Value {
-        self.stats
-            .as_ref()
-            .unwrap_or_else(|| panic!("no --stats-json file was written\n{}", self.describe()))
+        self.stats.as_ref().unwrap_or_else(|| panic!("no --stats-json file was written\n{}", self.describe()))
     }
 
     /// A counter summed over the processes ("total" of the stats file).
     fn total(&self, key: &str) -> u64 {
-        self.stats()["total"][key]
-            .as_u64()
-            .unwrap_or_else(|| panic!("stats total has no numeric {key:?}\n{}", self.describe()))
+        self.stats()["total"][key].as_u64().unwrap_or_else(|| panic!("stats total has no numeric {key:?}\n{}", self.describe()))
     }
 
     fn assert_total_positive(&self, key: &str) {
@@ -239,11 +224,7 @@ fn quote(arg: &OsStr) -> String {
 /// Run `cmd` to completion, its output captured. It runs in its own process group, so that
 /// a hung run can be killed with everything it started.
 fn run_command(mut cmd: Command, stats_json: Option<&Path>) -> Run {
-    let cmdline = std::iter::once(cmd.get_program())
-        .chain(cmd.get_args())
-        .map(quote)
-        .collect::<Vec<_>>()
-        .join(" ");
+    let cmdline = std::iter::once(cmd.get_program()).chain(cmd.get_args()).map(quote).collect::<Vec<_>>().join(" ");
     // No FOLIOSWAP_* setting of the caller's environment may change what is tested.
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("FOLIOSWAP_") {
@@ -268,10 +249,10 @@ fn run_command(mut cmd: Command, stats_json: Option<&Path>) -> Run {
     let deadline = Instant::now() + HANG_LIMIT;
     let mut timed_out = false;
     loop {
+        // SAFETY: siginfo_t is plain data; all-zero is a valid value.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        let r = unsafe {
-            libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT | libc::WNOHANG)
-        };
+        // SAFETY: waitid writes into `info`, a live siginfo_t, and reaps nothing (WNOWAIT).
+        let r = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT | libc::WNOHANG) };
         if r != 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -279,6 +260,7 @@ fn run_command(mut cmd: Command, stats_json: Option<&Path>) -> Run {
             }
             panic!("waitid on {cmdline}: {e}");
         }
+        // SAFETY: waitid filled `info` (or left it zeroed); si_pid reads a plain field.
         if unsafe { info.si_pid() } != 0 {
             break;
         }
@@ -288,6 +270,7 @@ fn run_command(mut cmd: Command, stats_json: Option<&Path>) -> Run {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    // SAFETY: kill only sends a signal, to the process group this test started.
     unsafe { libc::kill(-pid, libc::SIGKILL) };
     let status = child.wait().unwrap();
     let stdout = out.join().unwrap();
@@ -304,12 +287,7 @@ fn run_command(mut cmd: Command, stats_json: Option<&Path>) -> Run {
         128 + status.signal().unwrap_or(0)
     });
     let run = Run { cmdline, code, stdout, stderr, stats };
-    assert!(
-        !timed_out,
-        "the run did not finish in {} s and was killed\n{}",
-        HANG_LIMIT.as_secs(),
-        run.describe()
-    );
+    assert!(!timed_out, "the run did not finish in {} s and was killed\n{}", HANG_LIMIT.as_secs(), run.describe());
     run
 }
 
@@ -318,12 +296,7 @@ fn under<S: AsRef<OsStr>>(opts: &[&str], stats_json: Option<&Path>, program: &[S
     under_env(opts, stats_json, program, &[])
 }
 
-fn under_env<S: AsRef<OsStr>>(
-    opts: &[&str],
-    stats_json: Option<&Path>,
-    program: &[S],
-    env: &[(&str, &str)],
-) -> Run {
+fn under_env<S: AsRef<OsStr>>(opts: &[&str], stats_json: Option<&Path>, program: &[S], env: &[(&str, &str)]) -> Run {
     let mut cmd = Command::new(folioswap());
     cmd.arg("run").args(opts);
     if let Some(path) = stats_json {
@@ -344,7 +317,9 @@ fn direct<S: AsRef<OsStr>>(program: &[S], env: &[(&str, &str)]) -> Run {
 /// Whether `path` is on tmpfs.
 fn on_tmpfs(path: &Path) -> bool {
     let c = std::ffi::CString::new(s(path)).unwrap();
+    // SAFETY: statfs is plain data; all-zero is a valid value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a live statfs to write into.
     let r = unsafe { libc::statfs(c.as_ptr(), &mut st) };
     assert_eq!(r, 0, "statfs {}: {}", path.display(), io::Error::last_os_error());
     st.f_type as i64 == TMPFS_MAGIC
@@ -404,12 +379,7 @@ fn alloc_fork_swap_file_under_run() {
     run.assert_stdout_line("child OK");
     run.assert_stdout_line("parent OK");
     run.assert_total_positive("pswpout");
-    assert!(
-        swap_dir.entries().is_empty(),
-        "the swap directory still holds {:?} after the run\n{}",
-        swap_dir.entries(),
-        run.describe()
-    );
+    assert!(swap_dir.entries().is_empty(), "the swap directory still holds {:?} after the run\n{}", swap_dir.entries(), run.describe());
 }
 
 /// read(2), write(2), O_DIRECT and futexes on managed memory that is being swapped.
@@ -430,11 +400,7 @@ fn io_syscalls_under_run() {
     run.assert_success();
     run.assert_stdout_line("read OK");
     run.assert_stdout_line("write OK");
-    assert!(
-        run.stdout.lines().any(|l| l.starts_with("futex OK")),
-        "stdout has no \"futex OK\" line\n{}",
-        run.describe()
-    );
+    assert!(run.stdout.lines().any(|l| l.starts_with("futex OK")), "stdout has no \"futex OK\" line\n{}", run.describe());
     if !tmpfs {
         run.assert_stdout_line("O_DIRECT OK");
     } else {
@@ -553,16 +519,8 @@ fn crash_leaves_no_swap_file() {
     let prog = test_program("crash");
     for as_file in [false, true] {
         let swap_dir = TempDir::new("crash_swapdir");
-        let spec = if as_file {
-            format!("{}:256M", s(&swap_dir.join("swapfile")))
-        } else {
-            format!("{}:256M", s(swap_dir.path()))
-        };
-        let run = under(
-            &["--memory-high", "32M", "--swap-file", &spec, "--max-pool", "4M"],
-            None,
-            &[s(&prog), "128"],
-        );
+        let spec = if as_file { format!("{}:256M", s(&swap_dir.join("swapfile"))) } else { format!("{}:256M", s(swap_dir.path())) };
+        let run = under(&["--memory-high", "32M", "--swap-file", &spec, "--max-pool", "4M"], None, &[s(&prog), "128"]);
         run.assert_stdout_line("allocated");
         run.assert_code(128 + libc::SIGKILL);
         assert!(
@@ -586,11 +544,7 @@ fn bad_options_fail_clearly() {
     for program in ["/nonexistent-folioswap-dir/no-such-program", "folioswap-no-such-program"] {
         let run = under(&["--quiet"], None, &[program]);
         run.assert_code(127);
-        assert!(
-            run.stderr.contains("no-such-program"),
-            "the error does not name the missing program\n{}",
-            run.describe()
-        );
+        assert!(run.stderr.contains("no-such-program"), "the error does not name the missing program\n{}", run.describe());
     }
 }
 
@@ -601,21 +555,13 @@ fn usemem_clone_under_run() {
     let prog = usemem();
     let dir = TempDir::new("usemem");
     let stats = dir.join("stats.json");
-    let run = under(
-        &["--memory-high", "64M", "--folio", "64K"],
-        Some(&stats),
-        &[s(&prog), "-n", "2", "-r", "2", "-v", "96M"],
-    );
+    let run = under(&["--memory-high", "64M", "--folio", "64K"], Some(&stats), &[s(&prog), "-n", "2", "-r", "2", "-v", "96M"]);
     run.assert_success();
     let verified = run.stdout.lines().filter(|l| l.starts_with("verified ")).count();
     let speed = run.stdout.lines().filter(|l| l.ends_with(" KB/s")).count();
     assert_eq!((verified, speed), (2, 2), "expected two \"verified\" and two \"KB/s\" lines\n{}", run.describe());
     let processes = run.stats()["processes"].as_u64();
-    assert!(
-        processes.is_some_and(|n| n >= 2),
-        "expected the stats of at least 2 processes\n{}",
-        run.describe()
-    );
+    assert!(processes.is_some_and(|n| n >= 2), "expected the stats of at least 2 processes\n{}", run.describe());
     run.assert_total_positive("zswpout");
 }
 

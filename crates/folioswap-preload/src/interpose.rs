@@ -253,8 +253,15 @@ pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: usize, new_len: usize
         let new = managed(new_len, 0, Origin::Mmap).unwrap_or_else(|| {
             // SAFETY: a fresh anonymous mapping; checked below.
             unsafe {
-                libc::syscall(libc::SYS_mmap, 0usize, new_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
-                    as *mut c_void
+                libc::syscall(
+                    libc::SYS_mmap,
+                    0usize,
+                    new_len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                ) as *mut c_void
             }
         });
         if new == libc::MAP_FAILED {

@@ -81,8 +81,7 @@ impl AddressMap {
     pub fn remove_range(&self, engine: u64, start: usize, end: usize) -> Vec<Affected> {
         let affected = self.overlapping(engine, start, end);
         let mut map = self.map.write().unwrap();
-        let keys: Vec<usize> =
-            map.range(..end).filter(|(_, e)| e.end > start && e.engine.id == engine).map(|(&s, _)| s).collect();
+        let keys: Vec<usize> = map.range(..end).filter(|(_, e)| e.end > start && e.engine.id == engine).map(|(&s, _)| s).collect();
         for s in keys {
             let e = map.remove(&s).expect("present");
             if s < start {
@@ -138,5 +137,4 @@ impl AddressMap {
         }
         pieces
     }
-
 }

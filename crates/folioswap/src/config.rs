@@ -18,7 +18,9 @@ use std::str::FromStr;
 #[serde(rename_all = "lowercase", tag = "name")]
 pub enum Compressor {
     Lz4,
-    Zstd { level: i32 },
+    Zstd {
+        level: i32,
+    },
     /// Stores folios uncompressed: for tests and to measure the cost of compression.
     None,
 }
@@ -365,7 +367,8 @@ impl Config {
             self.memory_high = None;
             return Ok(self);
         }
-        let bytes = parse_bytes(value).map_err(|e| Error::config(var, value, format!("{} ({})", accepted("FOLIOSWAP_MEMORY_HIGH"), e.reason)))?;
+        let bytes =
+            parse_bytes(value).map_err(|e| Error::config(var, value, format!("{} ({})", accepted("FOLIOSWAP_MEMORY_HIGH"), e.reason)))?;
         if bytes < Self::MIN_MEMORY_HIGH {
             return Err(Error::config(var, value, format!("at least {}", format_bytes(Self::MIN_MEMORY_HIGH))));
         }
@@ -374,7 +377,9 @@ impl Config {
     }
 
     fn parse_max_pool(mut self, var: &str, value: &str) -> Result<Config> {
-        self.max_pool = value.parse().map_err(|e: crate::size::SizeError| Error::config(var, value, format!("{} ({})", accepted("FOLIOSWAP_MAX_POOL"), e.reason)))?;
+        self.max_pool = value
+            .parse()
+            .map_err(|e: crate::size::SizeError| Error::config(var, value, format!("{} ({})", accepted("FOLIOSWAP_MAX_POOL"), e.reason)))?;
         Ok(self)
     }
 

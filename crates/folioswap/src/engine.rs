@@ -136,10 +136,7 @@ impl Engine {
         let mut threads = Vec::new();
         let spawn = |name: String, f: fn(Arc<Mm>), threads: &mut Vec<JoinHandle<()>>| -> Result<()> {
             let s = mm.clone();
-            let t = std::thread::Builder::new()
-                .name(name)
-                .spawn(move || f(s))
-                .map_err(|e| Error::sys("starting an engine thread", e))?;
+            let t = std::thread::Builder::new().name(name).spawn(move || f(s)).map_err(|e| Error::sys("starting an engine thread", e))?;
             threads.push(t);
             Ok(())
         };

@@ -90,7 +90,11 @@ enum Step {
     Done(FolioSize),
     /// A swap-in from the pool or the file (`hit`: from a readahead copy): the folio at
     /// `head` of the table, the moment for readahead.
-    SwappedIn { folio: FolioSize, head: usize, hit: bool },
+    SwappedIn {
+        folio: FolioSize,
+        head: usize,
+        hit: bool,
+    },
     Retry,
     NotOurs,
     Fail(FaultError),

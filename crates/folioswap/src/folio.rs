@@ -158,18 +158,12 @@ impl PageEntry {
         loop {
             let cur = self.state.load(Ordering::Relaxed);
             if cur & LOCKED == 0 {
-                if self
-                    .state
-                    .compare_exchange_weak(cur, cur | LOCKED, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-                {
+                if self.state.compare_exchange_weak(cur, cur | LOCKED, Ordering::Acquire, Ordering::Relaxed).is_ok() {
                     return State(cur | LOCKED);
                 }
                 continue;
             }
-            if cur & WAITERS == 0
-                && self.state.compare_exchange_weak(cur, cur | WAITERS, Ordering::Relaxed, Ordering::Relaxed).is_err()
-            {
+            if cur & WAITERS == 0 && self.state.compare_exchange_weak(cur, cur | WAITERS, Ordering::Relaxed, Ordering::Relaxed).is_err() {
                 continue;
             }
             futex(&self.state, libc::FUTEX_WAIT, cur | WAITERS);
@@ -182,10 +176,7 @@ impl PageEntry {
         if cur & LOCKED != 0 {
             return None;
         }
-        self.state
-            .compare_exchange(cur, cur | LOCKED, Ordering::Acquire, Ordering::Relaxed)
-            .ok()
-            .map(|_| State(cur | LOCKED))
+        self.state.compare_exchange(cur, cur | LOCKED, Ordering::Acquire, Ordering::Relaxed).ok().map(|_| State(cur | LOCKED))
     }
 
     /// Replace the state while holding the lock, keeping the lock and the flags others may
@@ -228,9 +219,7 @@ impl PageEntry {
             if cur & flag == 0 {
                 return;
             }
-            if cur & WAITERS == 0
-                && self.state.compare_exchange_weak(cur, cur | WAITERS, Ordering::Relaxed, Ordering::Relaxed).is_err()
-            {
+            if cur & WAITERS == 0 && self.state.compare_exchange_weak(cur, cur | WAITERS, Ordering::Relaxed, Ordering::Relaxed).is_err() {
                 continue;
             }
             futex(&self.state, libc::FUTEX_WAIT, cur | WAITERS);

@@ -115,7 +115,8 @@ fn swap_in_for_fork(mm: &Mm) {
                 // SAFETY: the range lies in a mapping of this region; POPULATE_READ
                 // faults it in as a read would, and fails (EFAULT) rather than
                 // crash if the program unmapped it meanwhile.
-                if unsafe { crate::sys::madvise(addr as *mut libc::c_void, (next - page) * PAGE_SIZE, crate::sys::MADV_POPULATE_READ) } == 0 {
+                if unsafe { crate::sys::madvise(addr as *mut libc::c_void, (next - page) * PAGE_SIZE, crate::sys::MADV_POPULATE_READ) } == 0
+                {
                     brought += 1;
                 }
             }

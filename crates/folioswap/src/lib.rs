@@ -30,51 +30,51 @@
 //!   `reclaim` (kswapd, direct reclaim), `fault` (do_swap_page);
 //! - the public face: `engine`, `region`, `fork`.
 
-mod sys;
-mod size;
-mod uffd;
-mod smaps;
 mod config;
 mod error;
+mod size;
+mod smaps;
 mod stats;
+mod sys;
+mod uffd;
 
-mod folio;
-mod ra_window;
-mod table;
-mod memcg;
-mod staging;
-mod lru;
-mod reclaim_ctl;
 mod event_queue;
+mod folio;
+mod lru;
+mod memcg;
 mod ra_cache;
-mod zswap;
+mod ra_window;
+mod reclaim_ctl;
+mod staging;
 pub mod swapfile;
+mod table;
 mod tier;
+mod zswap;
 
 mod mm;
 
 mod addrmap;
+mod charge;
 mod gate;
 mod install;
-mod charge;
 mod release;
 
-mod readahead;
 mod events;
 mod evict;
-mod writeback;
-mod reclaim;
 mod fault;
+mod readahead;
+mod reclaim;
+mod writeback;
 
 mod engine;
-mod region;
 mod fork;
+mod region;
 
 pub use config::{Compressor, Config, FaultMode, LruPolicy, SwapFileSpec, ENV_VARS, PRELOAD_VARS};
 pub use engine::Engine;
-pub use region::Region;
-pub use fork::ForkGuard;
 pub use error::{Error, Result};
+pub use fork::ForkGuard;
+pub use region::Region;
 pub use region::RegionOptions;
 pub use size::{format_bytes, parse_bytes, physical_memory, FolioSize, PoolLimit, SizeError, HUGE_SIZE, PAGE_SIZE};
 pub use smaps::anon_huge_bytes;

@@ -71,8 +71,7 @@ pub(crate) struct RaCache {
 impl RaCache {
     pub fn has_room(&self, folio: FolioSize) -> bool {
         let inner = self.inner.lock().unwrap();
-        inner.bytes + folio.bytes() as u64 <= self.max_bytes
-            && inner.per_order[folio.index()] < Staging::slots_of(folio) / 2
+        inner.bytes + folio.bytes() as u64 <= self.max_bytes && inner.per_order[folio.index()] < Staging::slots_of(folio) / 2
     }
     pub fn insert(&self, table: &Arc<FolioTable>, head: usize, slot: Slot, huge: bool, folio: FolioSize) {
         let mut inner = self.inner.lock().unwrap();

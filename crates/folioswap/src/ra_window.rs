@@ -230,7 +230,7 @@ mod tests {
     #[test]
     fn window_respects_the_region_and_the_2m_block() {
         let block = 512; // 4 KiB folios
-        // Region end.
+                         // Region end.
         assert_eq!(vma_window(98, Some(97), 8, 100, block), (98, 100));
         // Region start, backwards.
         assert_eq!(vma_window(2, Some(3), 8, 100, block), (0, 3));

@@ -79,7 +79,6 @@ fn wants_readahead(s: State, folio: FolioSize) -> bool {
     matches!(s.kind(), Kind::Pool | Kind::Swapped) && !s.has(CACHED) && !s.has(PENDING) && !split
 }
 
-
 /// After a swap-in fault at `head` (served, unlocked, its thread woken): pick the
 /// neighbours to read ahead and read them, here or on the helper. `hit`: the fault
 /// found its folio read ahead.
@@ -296,7 +295,13 @@ pub(crate) fn drain_readahead(mm: &Mm) -> u64 {
 
 /// A fault found its folio (locked by the caller) read ahead: install the copy, then
 /// free the pool entry or swap slot. `None` if the copy is missing (never expected).
-pub(crate) fn install_readahead(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, s: State) -> Option<Result<(), InstallError>> {
+pub(crate) fn install_readahead(
+    mm: &Mm,
+    table: &Arc<FolioTable>,
+    head: usize,
+    folio: FolioSize,
+    s: State,
+) -> Option<Result<(), InstallError>> {
     let slot = mm.ra.cache.slot_of(table, head)?;
     if let Err(err) = install_copy(mm, table, head, folio, mm.staging.addr(slot)) {
         return Some(Err(err));

@@ -105,7 +105,6 @@ impl Engine {
         mm.regions.fetch_add(1, Ordering::Relaxed);
         Ok(Region { engine: self.clone(), table, addr, len })
     }
-
 }
 
 /// Managed memory from [`Engine::map`]. Reads and writes like anonymous memory from any

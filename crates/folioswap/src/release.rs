@@ -3,10 +3,10 @@
 //! copy (faults, evictions, events, region drops).
 
 use crate::folio::Kind;
+use crate::install::Installed;
 use crate::memcg::Component;
 use crate::mm::Mm;
 use crate::size::FolioSize;
-use crate::install::Installed;
 use crate::staging::{Slot, Staged};
 
 /// Release whatever a folio holds (its storage and its charge), leaving its kind to the

@@ -164,8 +164,7 @@ impl Staging {
     fn map_area(&self, folio: FolioSize) -> io::Result<Area> {
         let nslots = slots_for(folio);
         let bytes = folio.bytes() * nslots as usize;
-        let base = crate::sys::map_aligned(bytes, folio.bytes().max(HUGE_SIZE))
-            .map_err(io::Error::from_raw_os_error)?;
+        let base = crate::sys::map_aligned(bytes, folio.bytes().max(HUGE_SIZE)).map_err(io::Error::from_raw_os_error)?;
         madvise(base, bytes, if folio.is_huge() { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE })?;
         madvise(base, bytes, libc::MADV_DONTFORK)?;
         self.uffd.register(base, bytes, REGISTER_MODE_WP)?;

@@ -65,11 +65,7 @@ fn bucket_value(bucket: usize) -> u64 {
 
 impl Default for Histogram {
     fn default() -> Self {
-        Histogram {
-            buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
-            sum_ns: AtomicU64::new(0),
-            max_ns: AtomicU64::new(0),
-        }
+        Histogram { buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(), sum_ns: AtomicU64::new(0), max_ns: AtomicU64::new(0) }
     }
 }
 

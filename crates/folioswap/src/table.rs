@@ -81,10 +81,7 @@ impl FolioTable {
     /// Where `page` is mapped now. Callers hold the gate so pieces cannot change.
     pub fn addr_of(&self, page: usize) -> Option<usize> {
         let pieces = self.pieces.read().unwrap();
-        pieces
-            .iter()
-            .find(|p| page >= p.page && page < p.page + p.pages)
-            .map(|p| p.addr + (page - p.page) * PAGE_SIZE)
+        pieces.iter().find(|p| page >= p.page && page < p.page + p.pages).map(|p| p.addr + (page - p.page) * PAGE_SIZE)
     }
 
     /// The mapped sub-runs of pages `[page, page + pages)`: (first page, count, address).

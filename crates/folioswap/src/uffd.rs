@@ -227,11 +227,8 @@ impl Uffd {
     /// Open a userfaultfd with exactly `features`, failing with their names if any is missing.
     pub fn open(features: u64) -> Result<Uffd, OpenError> {
         let available = Self::available_features()?;
-        let missing: Vec<&'static str> = FEATURE_NAMES
-            .iter()
-            .filter(|(bit, _)| features & bit != 0 && available & bit == 0)
-            .map(|(_, name)| *name)
-            .collect();
+        let missing: Vec<&'static str> =
+            FEATURE_NAMES.iter().filter(|(bit, _)| features & bit != 0 && available & bit == 0).map(|(_, name)| *name).collect();
         if !missing.is_empty() {
             return Err(OpenError::MissingFeatures { missing });
         }
@@ -250,11 +247,7 @@ impl Uffd {
 
     /// Register `[start, start + len)` (page aligned) in `mode`.
     pub fn register(&self, start: usize, len: usize, mode: u64) -> io::Result<()> {
-        let mut reg = UffdioRegister {
-            range: UffdioRange { start: start as u64, len: len as u64 },
-            mode,
-            ioctls: 0,
-        };
+        let mut reg = UffdioRegister { range: UffdioRange { start: start as u64, len: len as u64 }, mode, ioctls: 0 };
         // SAFETY: `reg` is a valid struct uffdio_register; the range is only read by the kernel.
         if unsafe { libc::ioctl(self.raw_fd(), UFFDIO_REGISTER as _, &mut reg) } != 0 {
             return Err(io::Error::last_os_error());
@@ -282,13 +275,8 @@ impl Uffd {
     /// Install a copy of `[src, src + len)` at `dst` (4 KiB pages, always). Stops at the first
     /// page already present with EEXIST.
     pub fn copy(&self, dst: usize, src: *const u8, len: usize, wake: bool) -> Result<(), IoctlError> {
-        let mut c = UffdioCopy {
-            dst: dst as u64,
-            src: src as u64,
-            len: len as u64,
-            mode: if wake { 0 } else { COPY_MODE_DONTWAKE },
-            copy: 0,
-        };
+        let mut c =
+            UffdioCopy { dst: dst as u64, src: src as u64, len: len as u64, mode: if wake { 0 } else { COPY_MODE_DONTWAKE }, copy: 0 };
         // SAFETY: `c` is a valid struct uffdio_copy. The kernel only reads `src` (which the
         // caller keeps mapped and readable for `len` bytes) and writes into `dst`, a range
         // registered with this descriptor; it never touches our Rust-visible memory otherwise.
@@ -336,18 +324,10 @@ impl Uffd {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short userfaultfd message"));
         }
         Ok(Some(match raw.event {
-            EVENT_PAGEFAULT => Msg::PageFault {
-                addr: raw.arg[1] as usize,
-                write: raw.arg[0] & 1 != 0,
-                tid: raw.arg[2] as u32,
-            },
+            EVENT_PAGEFAULT => Msg::PageFault { addr: raw.arg[1] as usize, write: raw.arg[0] & 1 != 0, tid: raw.arg[2] as u32 },
             EVENT_REMOVE => Msg::Remove { start: raw.arg[0] as usize, end: raw.arg[1] as usize },
             EVENT_UNMAP => Msg::Unmap { start: raw.arg[0] as usize, end: raw.arg[1] as usize },
-            EVENT_REMAP => Msg::Remap {
-                from: raw.arg[0] as usize,
-                to: raw.arg[1] as usize,
-                len: raw.arg[2] as usize,
-            },
+            EVENT_REMAP => Msg::Remap { from: raw.arg[0] as usize, to: raw.arg[1] as usize, len: raw.arg[2] as usize },
             EVENT_FORK => Msg::Other(EVENT_FORK),
             other => Msg::Other(other),
         }))

@@ -17,12 +17,10 @@ fn engine(config: Config) -> Engine {
     Engine::new(config).unwrap_or_else(|e| panic!("cannot start the engine: {e}"))
 }
 
-
 /// Touch `other` fully so that everything in the engine but `other`'s tail is evicted.
 fn push_out(other: &mut Region) {
     fill(other, 99);
 }
-
 
 #[test]
 fn huge_folios_are_thps_after_first_touch_and_after_swap_in() {
@@ -66,10 +64,7 @@ fn split_swap_brings_huge_folios_back_as_small_pages() {
 #[test]
 fn every_folio_size_round_trips_through_the_pool() {
     let e = engine(Config::default().memory_high("16M").unwrap());
-    let mut regions: Vec<Region> = FolioSize::ALL
-        .iter()
-        .map(|&f| e.map(8 * MIB, RegionOptions::default().folio(f)).unwrap())
-        .collect();
+    let mut regions: Vec<Region> = FolioSize::ALL.iter().map(|&f| e.map(8 * MIB, RegionOptions::default().folio(f)).unwrap()).collect();
     for (i, r) in regions.iter_mut().enumerate() {
         fill(r, i as u64);
     }
@@ -91,7 +86,9 @@ fn stats_use_the_kernel_names_and_serialise() {
     fill(&mut r, 3);
     check(&r, 3);
     let json = serde_json::to_value(e.stats()).unwrap();
-    for key in ["pswpin", "pswpout", "zswpin", "zswpout", "zswpwb", "swap_ra", "swap_ra_hit", "thp_swpout", "thp_swpout_fallback", "pgmajfault"] {
+    for key in
+        ["pswpin", "pswpout", "zswpin", "zswpout", "zswpwb", "swap_ra", "swap_ra_hit", "thp_swpout", "thp_swpout_fallback", "pgmajfault"]
+    {
         assert!(json.get(key).is_some(), "missing {key} in {json}");
     }
     let size = &json["per_size"]["64kB"];
@@ -147,18 +144,15 @@ fn kernel_accesses_are_served_in_thread_mode() {
 
 fn mremap(old: usize, len: usize, new: usize) -> usize {
     // SAFETY: moves a managed mapping we own to a fixed address we reserved.
-    let p = unsafe {
-        libc::mremap(old as *mut libc::c_void, len, len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, new as *mut libc::c_void)
-    };
+    let p =
+        unsafe { libc::mremap(old as *mut libc::c_void, len, len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, new as *mut libc::c_void) };
     assert_ne!(p, libc::MAP_FAILED, "mremap: {}", std::io::Error::last_os_error());
     p as usize
 }
 
 fn reserve(len: usize, align: usize) -> usize {
     // SAFETY: reserves fresh address space; we place mremap targets in it.
-    let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), len + align, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
-    };
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len + align, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
     assert_ne!(p, libc::MAP_FAILED);
     (p as usize + align - 1) & !(align - 1)
 }

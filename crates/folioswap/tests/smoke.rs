@@ -7,21 +7,47 @@ fn run(mode: FaultMode, folio: &str, region: usize, limit: &str) {
     let p = r.as_mut_slice().as_mut_ptr() as *mut u64;
     for round in 0..3u64 {
         for j in 0..words {
+            // SAFETY: `j` < words, inside the region, which outlives the loop.
             unsafe { *p.add(j) = (j as u64) ^ (round << 40) };
         }
     }
     let mut bad = 0;
     for j in 0..words {
-        if unsafe { *p.add(j) } != (j as u64) ^ (2 << 40) { bad += 1; }
+        // SAFETY: as above.
+        if unsafe { *p.add(j) } != (j as u64) ^ (2 << 40) {
+            bad += 1;
+        }
     }
     let s = engine.stats();
-    eprintln!("{mode:?} {folio}: bad={bad} zswpout={} zswpin={} resident={} pool={} huge={}", s.vm.zswpout, s.vm.zswpin, s.memory.resident_bytes, s.memory.pool_total_bytes, r.anon_huge_bytes().unwrap());
+    eprintln!(
+        "{mode:?} {folio}: bad={bad} zswpout={} zswpin={} resident={} pool={} huge={}",
+        s.vm.zswpout,
+        s.vm.zswpin,
+        s.memory.resident_bytes,
+        s.memory.pool_total_bytes,
+        r.anon_huge_bytes().unwrap()
+    );
     assert_eq!(bad, 0);
     assert!(s.vm.zswpout > 0);
 }
 
-#[test] fn thread_64k() { run(FaultMode::Thread, "64K", 64 << 20, "16M"); }
-#[test] fn signal_64k() { run(FaultMode::Signal, "64K", 64 << 20, "16M"); }
-#[test] fn thread_2m() { run(FaultMode::Thread, "2M", 128 << 20, "32M"); }
-#[test] fn signal_2m() { run(FaultMode::Signal, "2M", 128 << 20, "32M"); }
-#[test] fn thread_4k() { run(FaultMode::Thread, "4K", 32 << 20, "8M"); }
+#[test]
+fn thread_64k() {
+    run(FaultMode::Thread, "64K", 64 << 20, "16M");
+}
+#[test]
+fn signal_64k() {
+    run(FaultMode::Signal, "64K", 64 << 20, "16M");
+}
+#[test]
+fn thread_2m() {
+    run(FaultMode::Thread, "2M", 128 << 20, "32M");
+}
+#[test]
+fn signal_2m() {
+    run(FaultMode::Signal, "2M", 128 << 20, "32M");
+}
+#[test]
+fn thread_4k() {
+    run(FaultMode::Thread, "4K", 32 << 20, "8M");
+}

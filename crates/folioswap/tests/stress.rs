@@ -97,10 +97,7 @@ fn check_cell(t: &Tracked, r: usize, cell: usize) -> Result<(), String> {
         let found = w.load(Ordering::Relaxed);
         let expected = word(r, cell, k, v);
         if found != expected {
-            return Err(format!(
-                "region {r} ({}), cell {cell} word {k} version {v}: expected {expected:#x}, found {found:#x}",
-                t.folio
-            ));
+            return Err(format!("region {r} ({}), cell {cell} word {k} version {v}: expected {expected:#x}, found {found:#x}", t.folio));
         }
     }
     Ok(())
@@ -197,11 +194,7 @@ fn stress(mode: FaultMode, compressor: &str, split: bool, swap_file: bool) {
                         t.hot.store(rng.below(cells), Ordering::Relaxed);
                     }
                     let near = rng.below(4) != 0;
-                    let base = if near {
-                        (t.hot.load(Ordering::Relaxed) + rng.below(4 * folio_cells)) % cells
-                    } else {
-                        rng.below(cells)
-                    };
+                    let base = if near { (t.hot.load(Ordering::Relaxed) + rng.below(4 * folio_cells)) % cells } else { rng.below(cells) };
                     let own = base - base % THREADS + tid;
                     let own = if own < cells { own } else { tid };
                     match rng.below(1000) {

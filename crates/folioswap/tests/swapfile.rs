@@ -30,7 +30,6 @@ fn engine_with(io: Box<dyn SwapIo>, config: Config) -> Engine {
     Engine::with_swap_io(config, io).unwrap_or_else(|e| panic!("cannot start the engine: {e}"))
 }
 
-
 /// An I/O layer shared between the engine and the test, so the test can arm faults.
 struct Shared<I>(Arc<I>);
 impl<I: SwapIo> SwapIo for Shared<I> {

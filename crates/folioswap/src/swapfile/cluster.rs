@@ -129,14 +129,8 @@ const fn aligned_starts(order: u32) -> u64 {
     mask
 }
 
-const ALIGNED_STARTS: [u64; 6] = [
-    aligned_starts(0),
-    aligned_starts(1),
-    aligned_starts(2),
-    aligned_starts(3),
-    aligned_starts(4),
-    aligned_starts(5),
-];
+const ALIGNED_STARTS: [u64; 6] =
+    [aligned_starts(0), aligned_starts(1), aligned_starts(2), aligned_starts(3), aligned_starts(4), aligned_starts(5)];
 
 /// Bit i set when slots i .. i + 2^order of the word are all free and i is aligned (order < 6).
 /// After step s a bit says "2^(s+1) free slots start here"; shifting brings in zeros from the
@@ -153,19 +147,12 @@ fn free_run_starts(busy: u64, order: u32) -> u64 {
 fn run_masks(offset: u32, order: u32) -> impl Iterator<Item = (usize, u64)> {
     let len = 1u32 << order;
     let first_word = (offset / 64) as usize;
-    let (words, mask) = if len >= 64 {
-        ((len / 64) as usize, u64::MAX)
-    } else {
-        (1, ((1u64 << len) - 1) << (offset % 64))
-    };
+    let (words, mask) = if len >= 64 { ((len / 64) as usize, u64::MAX) } else { (1, ((1u64 << len) - 1) << (offset % 64)) };
     (first_word..first_word + words).map(move |word| (word, mask))
 }
 
 fn check_order(order: u32) {
-    assert!(
-        order <= MAX_ORDER,
-        "swap slot allocator: order {order} is above {MAX_ORDER}"
-    );
+    assert!(order <= MAX_ORDER, "swap slot allocator: order {order} is above {MAX_ORDER}");
 }
 
 /// Which list a cluster is on; `Full` means none.
@@ -206,15 +193,8 @@ struct ClusterState {
 }
 
 impl ClusterState {
-    const EMPTY: ClusterState = ClusterState {
-        busy: [0; WORDS],
-        bad: [0; WORDS],
-        used: 0,
-        bad_count: 0,
-        order: 0,
-        list: ClusterList::Free,
-        isolated: false,
-    };
+    const EMPTY: ClusterState =
+        ClusterState { busy: [0; WORDS], bad: [0; WORDS], used: 0, bad_count: 0, order: 0, list: ClusterList::Free, isolated: false };
 
     fn free_count(&self) -> u32 {
         SPC - u32::from(self.used) - u32::from(self.bad_count)
@@ -231,12 +211,10 @@ impl ClusterState {
         let from = (from % SPC) & !(len - 1);
         if len >= 64 {
             let words = (len / 64) as usize;
-            return (0..SPC / len)
-                .map(|i| (from + i * len) % SPC)
-                .find(|&start| {
-                    let word = (start / 64) as usize;
-                    self.busy[word..word + words].iter().all(|&w| w == 0)
-                });
+            return (0..SPC / len).map(|i| (from + i * len) % SPC).find(|&start| {
+                let word = (start / 64) as usize;
+                self.busy[word..word + words].iter().all(|&w| w == 0)
+            });
         }
         let first_word = (from / 64) as usize;
         let bit = from % 64;
@@ -300,11 +278,7 @@ impl ClusterState {
             if unallocated | bad != 0 {
                 let bit = (unallocated | bad).trailing_zeros();
                 let slot = base + u64::from(word as u32 * 64 + bit);
-                let why = if bad >> bit & 1 == 1 {
-                    "it was marked bad"
-                } else {
-                    "it is not allocated (freed twice, or never handed out)"
-                };
+                let why = if bad >> bit & 1 == 1 { "it was marked bad" } else { "it is not allocated (freed twice, or never handed out)" };
                 panic!(
                     "swap slot allocator: {action} of the {}-slot run at slot {}: slot {slot} is wrong: {why}",
                     1u32 << order,
@@ -359,24 +333,14 @@ fn locate(first: u64, order: u32, total_slots: u64, action: &str) -> (usize, u32
     assert!(
         first % len == 0 && first + len <= total_slots,
         "swap slot allocator: {action} of the {len}-slot run at slot {first}: {}",
-        if first % len != 0 {
-            "not aligned to its size"
-        } else {
-            "past the end of the map"
-        },
+        if first % len != 0 { "not aligned to its size" } else { "past the end of the map" },
     );
-    (
-        (first / SLOTS_PER_CLUSTER) as usize,
-        (first % SLOTS_PER_CLUSTER) as u32,
-    )
+    ((first / SLOTS_PER_CLUSTER) as usize, (first % SLOTS_PER_CLUSTER) as u32)
 }
 
 fn cluster_count(total_slots: u64) -> usize {
     let clusters = total_slots / SLOTS_PER_CLUSTER;
-    assert!(
-        clusters <= u64::from(u32::MAX),
-        "swap slot allocator: {total_slots} slots is too many"
-    );
+    assert!(clusters <= u64::from(u32::MAX), "swap slot allocator: {total_slots} slots is too many");
     clusters as usize
 }
 
@@ -399,8 +363,7 @@ pub trait SlotAllocator: Send + Sync {
     fn used_slots(&self) -> u64;
     fn bad_slots(&self) -> u64;
     fn free_slots(&self) -> u64 {
-        self.total_slots()
-            .saturating_sub(self.used_slots() + self.bad_slots())
+        self.total_slots().saturating_sub(self.used_slots() + self.bad_slots())
     }
     /// Allocations of this order that returned `None`.
     fn fallbacks(&self, order: u32) -> u64;
@@ -416,12 +379,7 @@ struct Link {
 }
 
 fn new_links(clusters: usize) -> Box<[Link]> {
-    (0..clusters)
-        .map(|_| Link {
-            prev: AtomicU32::new(NIL),
-            next: AtomicU32::new(NIL),
-        })
-        .collect()
+    (0..clusters).map(|_| Link { prev: AtomicU32::new(NIL), next: AtomicU32::new(NIL) }).collect()
 }
 
 /// A FIFO of clusters threaded through their `Link`s.
@@ -432,10 +390,7 @@ struct ClusterQueue {
 }
 
 impl ClusterQueue {
-    const EMPTY: ClusterQueue = ClusterQueue {
-        head: NIL,
-        tail: NIL,
-    };
+    const EMPTY: ClusterQueue = ClusterQueue { head: NIL, tail: NIL };
 
     /// `clusters` in order (an initial free list).
     fn of(links: &[Link], clusters: impl Iterator<Item = u32>) -> Self {
@@ -530,29 +485,17 @@ impl SwapMap {
         let lists = (0..ClusterList::COUNT * LIST_SHARDS)
             .map(|sub| {
                 // The free list: every cluster, on the sub-list of its number.
-                let members = (0..clusters as u32)
-                    .filter(|&c| sub < LIST_SHARDS && c as usize % LIST_SHARDS == sub);
+                let members = (0..clusters as u32).filter(|&c| sub < LIST_SHARDS && c as usize % LIST_SHARDS == sub);
                 let queue = ClusterQueue::of(&links, members.clone());
-                SubList {
-                    queue: Mutex::new(queue),
-                    len: AtomicU32::new(members.count() as u32),
-                }
+                SubList { queue: Mutex::new(queue), len: AtomicU32::new(members.count() as u32) }
             })
             .collect();
         SwapMap {
-            clusters: (0..clusters)
-                .map(|_| Cluster {
-                    state: Mutex::new(ClusterState::EMPTY),
-                    owner: AtomicU32::new(0),
-                })
-                .collect(),
+            clusters: (0..clusters).map(|_| Cluster { state: Mutex::new(ClusterState::EMPTY), owner: AtomicU32::new(0) }).collect(),
             lists,
             links,
             shards: (0..NR_SHARDS)
-                .map(|_| Shard {
-                    next: std::array::from_fn(|_| AtomicU64::new(NO_HINT)),
-                    used: AtomicU64::new(0),
-                })
+                .map(|_| Shard { next: std::array::from_fn(|_| AtomicU64::new(NO_HINT)), used: AtomicU64::new(0) })
                 .collect(),
             total_slots: clusters as u64 * SLOTS_PER_CLUSTER,
             bad_slots: AtomicU64::new(0),
@@ -573,9 +516,7 @@ impl SwapMap {
 
     /// Allocated slots, including those sitting in slot caches (exact when quiescent).
     pub fn used_slots(&self) -> u64 {
-        let sum = self.shards.iter().fold(0u64, |sum, shard| {
-            sum.wrapping_add(shard.used.load(Relaxed))
-        });
+        let sum = self.shards.iter().fold(0u64, |sum, shard| sum.wrapping_add(shard.used.load(Relaxed)));
         // A sum read while others allocate and free can be momentarily out of range.
         (sum as i64).clamp(0, self.total_slots as i64) as u64
     }
@@ -587,8 +528,7 @@ impl SwapMap {
 
     /// `total - used - bad`: slots in slot caches count as used.
     pub fn free_slots(&self) -> u64 {
-        self.total_slots
-            .saturating_sub(self.used_slots() + self.bad_slots())
+        self.total_slots.saturating_sub(self.used_slots() + self.bad_slots())
     }
 
     /// Allocations of `order` that returned `None` (for order 0 including slot-cache refills
@@ -642,9 +582,7 @@ impl SwapMap {
         state.release_run(offset, order);
         self.after_free(cluster, &mut state);
         drop(state);
-        self.shards[shard_index()]
-            .used
-            .fetch_sub(1 << order, Relaxed);
+        self.shards[shard_index()].used.fetch_sub(1 << order, Relaxed);
     }
 
     /// Frees single slots, sorting `slots` and taking each cluster lock once
@@ -658,10 +596,7 @@ impl SwapMap {
             let cluster = locate(group[0], 0, self.total_slots, "batched free").0;
             let base = cluster as u64 * SLOTS_PER_CLUSTER;
             if let Some(pair) = group.windows(2).find(|pair| pair[0] == pair[1]) {
-                panic!(
-                    "swap slot allocator: batched free: slot {} is freed twice in one batch",
-                    pair[0]
-                );
+                panic!("swap slot allocator: batched free: slot {} is freed twice in one batch", pair[0]);
             }
             let mut state = self.lock(cluster);
             for &slot in group {
@@ -681,28 +616,18 @@ impl SwapMap {
     pub fn mark_bad(&self, first: u64, order: u32) {
         let (cluster, offset) = locate(first, order, self.total_slots, "mark_bad");
         let mut state = self.lock(cluster);
-        state.check_allocated(
-            offset,
-            order,
-            cluster as u64 * SLOTS_PER_CLUSTER,
-            "mark_bad",
-        );
+        state.check_allocated(offset, order, cluster as u64 * SLOTS_PER_CLUSTER, "mark_bad");
         // The free count does not change, so the cluster stays on its list.
         state.mark_run_bad(offset, order);
         drop(state);
-        self.shards[shard_index()]
-            .used
-            .fetch_sub(1 << order, Relaxed);
+        self.shards[shard_index()].used.fetch_sub(1 << order, Relaxed);
         self.bad_slots.fetch_add(1 << order, Relaxed);
     }
 
     fn lock(&self, cluster: usize) -> MutexGuard<'_, ClusterState> {
         #[cfg(test)]
         self.cluster_locks.fetch_add(1, Relaxed);
-        self.clusters[cluster]
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.clusters[cluster].state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn sub_list(&self, list: usize, cluster: usize) -> &SubList {
@@ -717,11 +642,7 @@ impl SwapMap {
     /// A sub-list's lock is held while its clusters are `try_lock`ed (the usual lock order is the
     /// other way round, so blocking there could deadlock). If every candidate is busy, one is
     /// locked the ordinary way: its lock first, then its sub-list's, checking it is still there.
-    fn pick_and_lock(
-        &self,
-        list: ClusterList,
-        shard: usize,
-    ) -> Option<(usize, MutexGuard<'_, ClusterState>)> {
+    fn pick_and_lock(&self, list: ClusterList, shard: usize) -> Option<(usize, MutexGuard<'_, ClusterState>)> {
         let base = list.index().expect("Full is no list") * LIST_SHARDS;
         loop {
             let mut busy = None;
@@ -739,9 +660,7 @@ impl SwapMap {
                         }
                         match self.clusters[cluster].state.try_lock() {
                             Ok(state) => found = Some((cluster, state)),
-                            Err(TryLockError::Poisoned(poisoned)) => {
-                                found = Some((cluster, poisoned.into_inner()))
-                            }
+                            Err(TryLockError::Poisoned(poisoned)) => found = Some((cluster, poisoned.into_inner())),
                             Err(TryLockError::WouldBlock) => busy = busy.or(Some(cluster)),
                         }
                         if found.is_some() {
@@ -762,10 +681,7 @@ impl SwapMap {
             let mut state = self.lock(cluster);
             if state.list == list && !state.isolated {
                 let sub = self.sub_list(list.index().expect("Full is no list"), cluster);
-                sub.queue
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&self.links, cluster as u32);
+                sub.queue.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.links, cluster as u32);
                 sub.len.store(sub.len.load(Relaxed) - 1, Relaxed);
                 state.isolated = true;
                 return Some((cluster, state));
@@ -807,20 +723,14 @@ impl SwapMap {
         let previous = self.shards[shard].next[order as usize].load(Relaxed);
         if previous != NO_HINT && (previous / SLOTS_PER_CLUSTER) as usize != cluster {
             let previous = (previous / SLOTS_PER_CLUSTER) as usize;
-            let _ = self.clusters[previous]
-                .owner
-                .compare_exchange(me, 0, Relaxed, Relaxed);
+            let _ = self.clusters[previous].owner.compare_exchange(me, 0, Relaxed, Relaxed);
         }
         self.clusters[cluster].owner.store(me, Relaxed);
     }
 
     /// The search of the module comment: a locked cluster and the offset of a free aligned run
     /// of 2^order slots in it.
-    fn find_cluster(
-        &self,
-        shard: usize,
-        order: u32,
-    ) -> Option<(usize, MutexGuard<'_, ClusterState>, u32)> {
+    fn find_cluster(&self, shard: usize, order: u32) -> Option<(usize, MutexGuard<'_, ClusterState>, u32)> {
         let o = order as u8;
         if order < MAX_ORDER {
             let hint = self.shards[shard].next[order as usize].load(Relaxed);
@@ -834,9 +744,7 @@ impl SwapMap {
                     self.move_cluster(cluster, &mut state, ClusterList::Frag(o));
                 }
             }
-            while let Some((cluster, mut state)) =
-                self.pick_and_lock(ClusterList::NonFull(o), shard)
-            {
+            while let Some((cluster, mut state)) = self.pick_and_lock(ClusterList::NonFull(o), shard) {
                 match state.find_run(order, 0) {
                     Some(offset) => {
                         self.adopt(shard, cluster, order);
@@ -854,9 +762,7 @@ impl SwapMap {
             for other in 1..=MAX_ORDER as u8 {
                 for list in [ClusterList::Frag(other), ClusterList::NonFull(other)] {
                     if let Some((cluster, state)) = self.pick_and_lock(list, shard) {
-                        let offset = state
-                            .find_run(0, 0)
-                            .expect("a cluster on a list has a free slot");
+                        let offset = state.find_run(0, 0).expect("a cluster on a list has a free slot");
                         return Some((cluster, state, offset));
                     }
                 }
@@ -868,14 +774,7 @@ impl SwapMap {
     /// After slots of `order` were taken from `cluster`: move the hint past them (in a cluster of
     /// that order: order 0 stealing from another order's cluster leaves the hint alone) and
     /// relist the cluster.
-    fn after_alloc(
-        &self,
-        shard: usize,
-        cluster: usize,
-        state: &mut ClusterState,
-        order: u32,
-        next_offset: u32,
-    ) {
+    fn after_alloc(&self, shard: usize, cluster: usize, state: &mut ClusterState, order: u32, next_offset: u32) {
         if state.list == ClusterList::Free {
             state.order = order as u8;
         }
@@ -907,29 +806,17 @@ impl SwapMap {
         let mut found_on = vec![None; self.clusters.len()];
         for (index, sub) in self.lists.iter().enumerate() {
             let members: Vec<usize> = sub.queue.lock().unwrap().iter(&self.links).collect();
-            assert_eq!(
-                members.len(),
-                sub.len.load(Relaxed) as usize,
-                "sub-list {index} length"
-            );
+            assert_eq!(members.len(), sub.len.load(Relaxed) as usize, "sub-list {index} length");
             for cluster in members {
                 assert_eq!(found_on[cluster], None, "cluster {cluster} is on two lists");
-                assert_eq!(
-                    cluster % LIST_SHARDS,
-                    index % LIST_SHARDS,
-                    "cluster {cluster} on a wrong sub-list"
-                );
+                assert_eq!(cluster % LIST_SHARDS, index % LIST_SHARDS, "cluster {cluster} on a wrong sub-list");
                 found_on[cluster] = Some(index / LIST_SHARDS);
             }
         }
         for (cluster, found_on) in found_on.into_iter().enumerate() {
             let state = self.lock(cluster);
             assert!(!state.isolated, "cluster {cluster} left isolated");
-            assert_eq!(
-                found_on,
-                state.list.index(),
-                "cluster {cluster} is not on the list it names"
-            );
+            assert_eq!(found_on, state.list.index(), "cluster {cluster} is not on the list it names");
             match state.list {
                 ClusterList::Free => assert!(state.is_all_free()),
                 ClusterList::Full => assert_eq!(state.free_count(), 0),
@@ -939,11 +826,7 @@ impl SwapMap {
                 }
             }
             if let ClusterList::Frag(order) = state.list {
-                assert_eq!(
-                    state.find_run(u32::from(order), 0),
-                    None,
-                    "Frag cluster {cluster} has a run"
-                );
+                assert_eq!(state.find_run(u32::from(order), 0), None, "Frag cluster {cluster} has a run");
             }
         }
     }
@@ -993,12 +876,7 @@ impl SlotCache {
     /// A cache that takes and returns `batch` (≥ 1) slots at a time.
     pub fn with_batch(map: Arc<SwapMap>, batch: usize) -> Self {
         assert!(batch >= 1, "swap slot cache: the batch must be at least 1");
-        SlotCache {
-            map,
-            ready: Vec::with_capacity(batch),
-            returned: Vec::with_capacity(batch),
-            batch,
-        }
+        SlotCache { map, ready: Vec::with_capacity(batch), returned: Vec::with_capacity(batch), batch }
     }
 
     pub fn map(&self) -> &Arc<SwapMap> {
@@ -1035,15 +913,10 @@ impl SlotCache {
     pub fn free(&mut self, slot: u64) {
         // `ready` is sorted in descending order (see `refill`).
         assert!(
-            self.ready
-                .binary_search_by(|probe| slot.cmp(probe))
-                .is_err(),
+            self.ready.binary_search_by(|probe| slot.cmp(probe)).is_err(),
             "swap slot cache: free of slot {slot}, which was never handed out"
         );
-        debug_assert!(
-            !self.returned.contains(&slot),
-            "swap slot cache: slot {slot} freed twice"
-        );
+        debug_assert!(!self.returned.contains(&slot), "swap slot cache: slot {slot} freed twice");
         self.returned.push(slot);
         if self.returned.len() >= self.batch {
             self.return_pending();
@@ -1146,9 +1019,7 @@ impl GlobalLockState {
             if hint != NO_HINT {
                 let cluster = (hint / SLOTS_PER_CLUSTER) as usize;
                 if self.clusters[cluster].list == ClusterList::NonFull(o) {
-                    if let Some(offset) =
-                        self.clusters[cluster].find_run(order, (hint % SLOTS_PER_CLUSTER) as u32)
-                    {
+                    if let Some(offset) = self.clusters[cluster].find_run(order, (hint % SLOTS_PER_CLUSTER) as u32) {
                         return Some((cluster, offset));
                     }
                     self.move_cluster(cluster, ClusterList::Frag(o));
@@ -1168,12 +1039,7 @@ impl GlobalLockState {
             for other in 1..=MAX_ORDER as u8 {
                 for list in [ClusterList::Frag(other), ClusterList::NonFull(other)] {
                     if let Some(cluster) = self.front(list) {
-                        return Some((
-                            cluster,
-                            self.clusters[cluster]
-                                .find_run(0, 0)
-                                .expect("a cluster on a list has a free slot"),
-                        ));
+                        return Some((cluster, self.clusters[cluster].find_run(0, 0).expect("a cluster on a list has a free slot")));
                     }
                 }
             }
@@ -1251,12 +1117,7 @@ impl SlotAllocator for GlobalLockMap {
         let (cluster, offset) = locate(first, order, self.total_slots, "mark_bad");
         let mut g = self.lock();
         let state = &mut g.clusters[cluster];
-        state.check_allocated(
-            offset,
-            order,
-            cluster as u64 * SLOTS_PER_CLUSTER,
-            "mark_bad",
-        );
+        state.check_allocated(offset, order, cluster as u64 * SLOTS_PER_CLUSTER, "mark_bad");
         state.mark_run_bad(offset, order);
         g.used -= 1 << order;
         g.bad += 1 << order;
@@ -1308,11 +1169,7 @@ mod tests {
     impl Model {
         fn new(total_slots: u64) -> Self {
             let clusters = total_slots as usize / CLUSTER;
-            Model {
-                slots: vec![Slot::Free; clusters * CLUSTER],
-                order: vec![None; clusters],
-                held: Vec::new(),
-            }
+            Model { slots: vec![Slot::Free; clusters * CLUSTER], order: vec![None; clusters], held: Vec::new() }
         }
 
         fn cluster(&self, c: usize) -> &[Slot] {
@@ -1324,9 +1181,7 @@ mod tests {
         }
 
         fn has_run(&self, c: usize, order: u32) -> bool {
-            self.cluster(c)
-                .chunks_exact(1 << order)
-                .any(|run| run.iter().all(|&s| s == Slot::Free))
+            self.cluster(c).chunks_exact(1 << order).any(|run| run.iter().all(|&s| s == Slot::Free))
         }
 
         fn free_cluster_exists(&self) -> bool {
@@ -1342,36 +1197,18 @@ mod tests {
         fn record_alloc(&mut self, first: u64, order: u32) {
             let len = 1usize << order;
             let first = first as usize;
-            assert_eq!(
-                first % len,
-                0,
-                "run at {first} of order {order} is not aligned"
-            );
-            assert!(
-                first + len <= self.slots.len(),
-                "run at {first} is past the end"
-            );
-            assert!(
-                self.slots[first..first + len]
-                    .iter()
-                    .all(|&s| s == Slot::Free),
-                "run at {first} (order {order}) overlaps taken slots"
-            );
+            assert_eq!(first % len, 0, "run at {first} of order {order} is not aligned");
+            assert!(first + len <= self.slots.len(), "run at {first} is past the end");
+            assert!(self.slots[first..first + len].iter().all(|&s| s == Slot::Free), "run at {first} (order {order}) overlaps taken slots");
             let c = first / CLUSTER;
             match self.order[c] {
                 None => {
-                    assert!(
-                        !self.own_order_run_exists(order),
-                        "order {order} took free cluster {c} while a cluster of its order had room"
-                    );
+                    assert!(!self.own_order_run_exists(order), "order {order} took free cluster {c} while a cluster of its order had room");
                     self.order[c] = Some(order);
                 }
                 Some(o) if o == order => {}
                 Some(o) => {
-                    assert_eq!(
-                        order, 0,
-                        "an order-{order} run came from cluster {c} of order {o}"
-                    );
+                    assert_eq!(order, 0, "an order-{order} run came from cluster {c} of order {o}");
                     assert!(
                         !self.free_cluster_exists() && !self.own_order_run_exists(0),
                         "order 0 stole from cluster {c} of order {o} while a free or order-0 cluster had room"
@@ -1385,20 +1222,10 @@ mod tests {
         /// `None` is allowed only when nothing the search may use has room.
         fn check_none(&self, order: u32) {
             if order == 0 {
-                assert_eq!(
-                    self.count(Slot::Free),
-                    0,
-                    "order 0 failed with free slots left"
-                );
+                assert_eq!(self.count(Slot::Free), 0, "order 0 failed with free slots left");
             } else {
-                assert!(
-                    !self.free_cluster_exists(),
-                    "order {order} failed with a free cluster left"
-                );
-                assert!(
-                    !self.own_order_run_exists(order),
-                    "order {order} failed with a run left in a cluster of its order"
-                );
+                assert!(!self.free_cluster_exists(), "order {order} failed with a free cluster left");
+                assert!(!self.own_order_run_exists(order), "order {order} failed with a run left in a cluster of its order");
             }
         }
 
@@ -1441,10 +1268,7 @@ mod tests {
         assert_eq!(map.used_slots(), model.count(Slot::Used));
         assert_eq!(map.bad_slots(), model.count(Slot::Bad));
         assert_eq!(map.free_slots(), model.count(Slot::Free));
-        assert_eq!(
-            map.free_slots() + map.used_slots() + map.bad_slots(),
-            map.total_slots()
-        );
+        assert_eq!(map.free_slots() + map.used_slots() + map.bad_slots(), map.total_slots());
     }
 
     /// Replays `ops` on `map` and its model. Checked after each step: no slot handed out twice,
@@ -1510,13 +1334,9 @@ mod tests {
         }
         check_counts(map, &model);
         assert_eq!(map.used_slots(), 0);
-        let clean = (0..model.order.len())
-            .filter(|&c| model.order[c].is_none())
-            .count();
+        let clean = (0..model.order.len()).filter(|&c| model.order[c].is_none()).count();
         for _ in 0..clean {
-            let first = map
-                .alloc(MAX_ORDER)
-                .expect("order 9 fails although a cluster is entirely free");
+            let first = map.alloc(MAX_ORDER).expect("order 9 fails although a cluster is entirely free");
             model.record_alloc(first, MAX_ORDER);
         }
         assert_eq!(map.alloc(MAX_ORDER), None);
@@ -1525,8 +1345,7 @@ mod tests {
     }
 
     fn map_slots() -> impl Strategy<Value = u64> {
-        (4u64..=10, 0u64..SLOTS_PER_CLUSTER)
-            .prop_map(|(clusters, extra)| clusters * SLOTS_PER_CLUSTER + extra)
+        (4u64..=10, 0u64..SLOTS_PER_CLUSTER).prop_map(|(clusters, extra)| clusters * SLOTS_PER_CLUSTER + extra)
     }
 
     proptest! {
@@ -1565,10 +1384,7 @@ mod tests {
         let cluster_of = |slot: &u64| slot / SLOTS_PER_CLUSTER;
         let (c4, c3) = (cluster_of(&order4[0]), cluster_of(&order3[0]));
         assert_ne!(c4, c3, "each order fills a cluster of its own");
-        assert!(
-            order4.iter().all(|s| cluster_of(s) == c4)
-                && order3.iter().all(|s| cluster_of(s) == c3)
-        );
+        assert!(order4.iter().all(|s| cluster_of(s) == c4) && order3.iter().all(|s| cluster_of(s) == c3));
         map.free(order4[5], 4);
         // No free cluster, no order-0 cluster: order 0 takes a slot of the order-4 hole...
         let stolen = map.alloc(0).unwrap();
@@ -1598,10 +1414,7 @@ mod tests {
         let map = SwapMap::new(SLOTS_PER_CLUSTER);
         let first = map.alloc(4).unwrap();
         map.mark_bad(first, 4);
-        assert_eq!(
-            (map.used_slots(), map.bad_slots(), map.free_slots()),
-            (0, 16, 496)
-        );
+        assert_eq!((map.used_slots(), map.bad_slots(), map.free_slots()), (0, 16, 496));
         let mut rest = Vec::new();
         while let Some(slot) = map.alloc(0) {
             rest.push(slot);
@@ -1625,16 +1438,12 @@ mod tests {
         for (call, expected) in cases {
             let err = catch_unwind(AssertUnwindSafe(call)).expect_err("misuse must panic");
             let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
-            assert!(
-                msg.contains(expected),
-                "panic message {msg:?} lacks {expected:?}"
-            );
+            assert!(msg.contains(expected), "panic message {msg:?} lacks {expected:?}");
             assert_eq!(map.used_slots(), 0);
         }
         let bad = map.alloc(0).unwrap();
         map.mark_bad(bad, 0);
-        let err = catch_unwind(AssertUnwindSafe(|| map.free(bad, 0)))
-            .expect_err("free of a bad slot must panic");
+        let err = catch_unwind(AssertUnwindSafe(|| map.free(bad, 0))).expect_err("free of a bad slot must panic");
         assert!(err.downcast_ref::<String>().unwrap().contains("marked bad"));
         // The map still works after the panics (the poisoned cluster lock is taken over).
         assert!(map.alloc(9).is_some());
@@ -1649,62 +1458,28 @@ mod tests {
         let before = locks();
         let mut slots = vec![cache.alloc().unwrap()];
         assert_eq!((map.used_slots(), cache.ready_slots()), (64, 63));
-        assert_eq!(
-            locks() - before,
-            1,
-            "a refill within one cluster takes its lock once"
-        );
+        assert_eq!(locks() - before, 1, "a refill within one cluster takes its lock once");
         let before = locks();
         slots.extend((0..63).map(|_| cache.alloc().unwrap()));
-        assert_eq!(
-            (locks() - before, map.used_slots()),
-            (0, 64),
-            "no lock while the cache has slots"
-        );
+        assert_eq!((locks() - before, map.used_slots()), (0, 64), "no lock while the cache has slots");
         slots.push(cache.alloc().unwrap());
         assert_eq!((map.used_slots(), locks() - before), (128, 1));
         let base = slots[0];
-        assert_eq!(
-            base % SLOTS_PER_CLUSTER,
-            0,
-            "a fresh cluster is filled from its start"
-        );
-        assert_eq!(
-            slots,
-            (base..base + 65).collect::<Vec<u64>>(),
-            "handed out in slot order"
-        );
+        assert_eq!(base % SLOTS_PER_CLUSTER, 0, "a fresh cluster is filled from its start");
+        assert_eq!(slots, (base..base + 65).collect::<Vec<u64>>(), "handed out in slot order");
 
         let before = locks();
         for &slot in &slots[..63] {
             cache.free(slot);
         }
-        assert_eq!(
-            (map.used_slots(), cache.returned_slots(), locks() - before),
-            (128, 63, 0),
-            "frees are lazy"
-        );
+        assert_eq!((map.used_slots(), cache.returned_slots(), locks() - before), (128, 63, 0), "frees are lazy");
         cache.free(slots[63]);
-        assert_eq!(
-            (map.used_slots(), cache.returned_slots(), locks() - before),
-            (64, 0, 1),
-            "a full batch goes back at once"
-        );
+        assert_eq!((map.used_slots(), cache.returned_slots(), locks() - before), (64, 0, 1), "a full batch goes back at once");
         cache.free(slots[64]);
         cache.drain();
-        assert_eq!(
-            (
-                map.used_slots(),
-                cache.ready_slots(),
-                cache.returned_slots()
-            ),
-            (0, 0, 0)
-        );
+        assert_eq!((map.used_slots(), cache.ready_slots(), cache.returned_slots()), (0, 0, 0));
         assert_eq!(map.free_slots(), map.total_slots());
-        assert!(
-            (0..4).all(|_| map.alloc(9).is_some()),
-            "nothing lost: every cluster is whole again"
-        );
+        assert!((0..4).all(|_| map.alloc(9).is_some()), "nothing lost: every cluster is whole again");
     }
 
     #[test]
@@ -1717,11 +1492,7 @@ mod tests {
         while let Some(s) = map.alloc(0) {
             others.push(s);
         }
-        assert_eq!(
-            others.len(),
-            512 - 8,
-            "the cache holds 7 ready slots and 1 pending free"
-        );
+        assert_eq!(others.len(), 512 - 8, "the cache holds 7 ready slots and 1 pending free");
         assert!(!others.contains(&slot));
         cache.drain();
         let mut back = Vec::new();
@@ -1757,11 +1528,7 @@ mod tests {
             cache.free(a);
             assert_eq!(map.used_slots(), 64);
         }
-        assert_eq!(
-            map.used_slots(),
-            1,
-            "the slot still handed out stays allocated"
-        );
+        assert_eq!(map.used_slots(), 1, "the slot still handed out stays allocated");
     }
 
     #[test]
@@ -1801,8 +1568,7 @@ mod tests {
         const OPS: usize = 20_000;
         const ORDERS: [u32; 8] = [0, 0, 0, 0, 2, 4, 6, 9];
         let map = Arc::new(SwapMap::new(16 * SLOTS_PER_CLUSTER));
-        let owner: Arc<Vec<AtomicU8>> =
-            Arc::new((0..map.total_slots()).map(|_| AtomicU8::new(0)).collect());
+        let owner: Arc<Vec<AtomicU8>> = Arc::new((0..map.total_slots()).map(|_| AtomicU8::new(0)).collect());
         let start = Arc::new(Barrier::new(THREADS));
         let handles: Vec<_> = (0..THREADS)
             .map(|t| {
@@ -1811,13 +1577,8 @@ mod tests {
                     let me = t as u8 + 1;
                     let claim = |first: u64, order: u32, from: u8, to: u8| {
                         for slot in first..first + (1 << order) {
-                            let prev =
-                                owner[slot as usize].compare_exchange(from, to, Relaxed, Relaxed);
-                            assert!(
-                                prev.is_ok(),
-                                "thread {t}: slot {slot} (order {order}) found owned by {:?}",
-                                prev
-                            );
+                            let prev = owner[slot as usize].compare_exchange(from, to, Relaxed, Relaxed);
+                            assert!(prev.is_ok(), "thread {t}: slot {slot} (order {order}) found owned by {:?}", prev);
                         }
                     };
                     let mut cache = SlotCache::new(map.clone());
@@ -1850,27 +1611,15 @@ mod tests {
                 })
             })
             .collect();
-        let failures: u64 = handles
-            .into_iter()
-            .map(|h| h.join().expect("worker panicked"))
-            .sum();
-        assert_eq!(
-            map.used_slots(),
-            0,
-            "caches are dropped, so everything is back"
-        );
+        let failures: u64 = handles.into_iter().map(|h| h.join().expect("worker panicked")).sum();
+        assert_eq!(map.used_slots(), 0, "caches are dropped, so everything is back");
         assert_eq!(map.free_slots(), map.total_slots());
         assert!(owner.iter().all(|o| o.load(Relaxed) == 0));
         let fallbacks: u64 = (0..=MAX_ORDER).map(|o| map.fallbacks(o)).sum();
         assert_eq!(fallbacks, failures);
         map.check_lists();
-        let mut whole: Vec<u64> = (0..16)
-            .map(|_| map.alloc(9).expect("every cluster is whole again"))
-            .collect();
+        let mut whole: Vec<u64> = (0..16).map(|_| map.alloc(9).expect("every cluster is whole again")).collect();
         whole.sort_unstable();
-        assert_eq!(
-            whole,
-            (0..16).map(|c| c * SLOTS_PER_CLUSTER).collect::<Vec<_>>()
-        );
+        assert_eq!(whole, (0..16).map(|c| c * SLOTS_PER_CLUSTER).collect::<Vec<_>>());
     }
 }

@@ -128,12 +128,8 @@ impl fmt::Display for SwapFileError {
             ),
             SwapFileError::Open { path, source } => {
                 let hint = match source.raw_os_error() {
-                    Some(libc::EACCES | libc::EPERM) => {
-                        "this user may not create files there: choose a directory it can write to"
-                    }
-                    Some(libc::ENOENT | libc::ENOTDIR) => {
-                        "its directory does not exist: create it or choose another path"
-                    }
+                    Some(libc::EACCES | libc::EPERM) => "this user may not create files there: choose a directory it can write to",
+                    Some(libc::ENOENT | libc::ENOTDIR) => "its directory does not exist: create it or choose another path",
                     Some(libc::EROFS) => "the filesystem is read-only: choose a writable one",
                     Some(libc::EDQUOT) => "the disk quota is exhausted: free space or choose another filesystem",
                     _ => "choose another path",
@@ -320,10 +316,7 @@ impl SwapFile {
     /// direct I/O is on; only errors other than "not supported here" are errors.
     fn try_direct(&self) -> Result<bool, SwapFileError> {
         let fd = self.raw();
-        let io_err = |what: &str, source| SwapFileError::Io {
-            what: format!("{what} on the swap file at {}", self.path.display()),
-            source,
-        };
+        let io_err = |what: &str, source| SwapFileError::Io { what: format!("{what} on the swap file at {}", self.path.display()), source };
         // SAFETY: F_GETFL on a descriptor we own; no memory is passed.
         let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
         if flags < 0 {
@@ -342,8 +335,7 @@ impl SwapFile {
         back.fill(0xff);
         let probe = pwrite_all(fd, &out, 0).and_then(|()| pread_all(fd, &mut back, 0));
         #[cfg(test)]
-        let probe =
-            if tests::PROBE_EINVAL.get() { Err(io::Error::from_raw_os_error(libc::EINVAL)) } else { probe };
+        let probe = if tests::PROBE_EINVAL.get() { Err(io::Error::from_raw_os_error(libc::EINVAL)) } else { probe };
         let works = match probe {
             Ok(()) => back[..] == out[..],
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => false,
@@ -362,19 +354,13 @@ impl SwapFile {
     /// the file.
     fn offset(&self, slot: u64, len: usize) -> io::Result<u64> {
         if len == 0 || len as u64 % SLOT_SIZE != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("swap I/O of {len} bytes: folios are whole 4 KiB slots"),
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("swap I/O of {len} bytes: folios are whole 4 KiB slots")));
         }
         let end = slot.checked_add(len as u64 / SLOT_SIZE);
         if end.map_or(true, |end| end > self.slots) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!(
-                    "swap I/O of {len} bytes at slot {slot} goes past the end of the swap file ({} slots)",
-                    self.slots
-                ),
+                format!("swap I/O of {len} bytes at slot {slot} goes past the end of the swap file ({} slots)", self.slots),
             ));
         }
         Ok(slot * SLOT_SIZE)
@@ -402,9 +388,7 @@ impl SwapFile {
     fn drop_cache(&self, off: u64, len: usize) {
         if !self.direct {
             // SAFETY: posix_fadvise takes integers only; the descriptor is ours.
-            unsafe {
-                libc::posix_fadvise(self.raw(), off as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED)
-            };
+            unsafe { libc::posix_fadvise(self.raw(), off as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED) };
         }
     }
 
@@ -444,10 +428,8 @@ impl SwapFile {
             if j == i + 1 {
                 self.write_one(off, data)?;
             } else {
-                let mut iovs: Vec<libc::iovec> = ios[i..j]
-                    .iter()
-                    .map(|&(_, d)| libc::iovec { iov_base: d.as_ptr() as *mut libc::c_void, iov_len: d.len() })
-                    .collect();
+                let mut iovs: Vec<libc::iovec> =
+                    ios[i..j].iter().map(|&(_, d)| libc::iovec { iov_base: d.as_ptr() as *mut libc::c_void, iov_len: d.len() }).collect();
                 pwritev_all(self.raw(), &mut iovs, off)?;
                 self.drop_cache(off, ((next - slot) * SLOT_SIZE) as usize);
             }
@@ -604,10 +586,7 @@ fn create_at_path(path: &Path) -> Result<OwnedFd, SwapFileError> {
         }
     })?;
     // O_EXCL made this file ours, so unlinking the name cannot remove anyone else's file.
-    unlink(&c).map_err(|source| SwapFileError::Io {
-        what: format!("unlinking the new swap file {}", path.display()),
-        source,
-    })?;
+    unlink(&c).map_err(|source| SwapFileError::Io { what: format!("unlinking the new swap file {}", path.display()), source })?;
     Ok(fd)
 }
 
@@ -650,9 +629,7 @@ fn reserve(fd: &OwnedFd, path: &Path, size: u64) -> Result<bool, SwapFileError> 
         }
     };
     match err.raw_os_error() {
-        Some(libc::ENOSPC) => {
-            Err(SwapFileError::NoSpace { path: path.to_path_buf(), size, free: free_space(raw) })
-        }
+        Some(libc::ENOSPC) => Err(SwapFileError::NoSpace { path: path.to_path_buf(), size, free: free_space(raw) }),
         Some(libc::EOPNOTSUPP | libc::ENOSYS) => {
             // SAFETY: integers only, on a descriptor we own.
             if unsafe { libc::ftruncate(raw, len) } == 0 {
@@ -665,11 +642,7 @@ fn reserve(fd: &OwnedFd, path: &Path, size: u64) -> Result<bool, SwapFileError> 
             }
         }
         _ => Err(SwapFileError::Io {
-            what: format!(
-                "reserving {} for the swap file at {} (fallocate)",
-                crate::size::format_bytes(size),
-                path.display()
-            ),
+            what: format!("reserving {} for the swap file at {} (fallocate)", crate::size::format_bytes(size), path.display()),
             source: err,
         }),
     }
@@ -755,7 +728,6 @@ fn vectored_all(fd: RawFd, iovs: &mut [libc::iovec], mut off: u64, write: bool) 
     Ok(())
 }
 
-
 /// `pread` all of `dst` from `off`, through short reads and EINTR; the end of the file
 /// before `dst` is full is an `UnexpectedEof` error.
 fn pread_all(fd: RawFd, dst: &mut [u8], off: u64) -> io::Result<()> {
@@ -763,9 +735,7 @@ fn pread_all(fd: RawFd, dst: &mut [u8], off: u64) -> io::Result<()> {
     while done < dst.len() {
         let rest = &mut dst[done..];
         // SAFETY: `rest` is a live, writable slice of exactly `rest.len()` bytes.
-        let n = unsafe {
-            libc::pread(fd, rest.as_mut_ptr() as *mut libc::c_void, rest.len(), (off + done as u64) as libc::off_t)
-        };
+        let n = unsafe { libc::pread(fd, rest.as_mut_ptr() as *mut libc::c_void, rest.len(), (off + done as u64) as libc::off_t) };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -998,10 +968,8 @@ mod tests {
         }
 
         fn listing(&self) -> Vec<String> {
-            let mut names: Vec<String> = std::fs::read_dir(&self.0)
-                .unwrap()
-                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect();
+            let mut names: Vec<String> =
+                std::fs::read_dir(&self.0).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
             names.sort();
             names
         }
@@ -1036,8 +1004,7 @@ mod tests {
     /// Folios of 4K, 64K and 2M at several slots (cluster edges and the file's end
     /// included), written one by one, then read back and compared byte for byte.
     fn round_trip(file: &SwapFile) {
-        let layout: [(u64, usize); 7] =
-            [(0, K4), (1, K4), (511, K4), (16, K64), (1008, K64), (1024, M2), (1536, M2)];
+        let layout: [(u64, usize); 7] = [(0, K4), (1, K4), (511, K4), (16, K64), (1008, K64), (1024, M2), (1536, M2)];
         let bufs: Vec<AlignedBuf> = layout.iter().map(|&(slot, len)| pattern(slot + 1, len)).collect();
         for (&(slot, _), buf) in layout.iter().zip(&bufs) {
             file.write_at(slot, buf).unwrap_or_else(|e| panic!("write at slot {slot}: {e}"));
@@ -1190,6 +1157,7 @@ mod tests {
         assert_eq!(dir.listing(), before, "an O_TMPFILE swap file has no name");
         // SAFETY: a zeroed stat is valid, and fstat fills it from a descriptor we own.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
         assert_eq!(unsafe { libc::fstat(file.fd.as_raw_fd(), &mut st) }, 0);
         assert_eq!(st.st_mode & 0o077, 0, "mode {:o}: nobody else may read swapped memory", st.st_mode);
         assert_eq!(st.st_nlink, 0);
@@ -1208,6 +1176,7 @@ mod tests {
         assert!(dir.listing().is_empty(), "{:?}", dir.listing());
         // SAFETY: a zeroed stat is valid, and fstat fills it from a descriptor we own.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
         assert_eq!(unsafe { libc::fstat(file.fd.as_raw_fd(), &mut st) }, 0);
         assert_eq!((st.st_mode & 0o077, st.st_nlink), (0, 0), "mode {:o}", st.st_mode);
         round_trip(&file);
@@ -1246,6 +1215,7 @@ mod tests {
         // SAFETY: a zeroed statvfs is valid, and statvfs fills it.
         let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
         let c = CString::new("/dev/shm").unwrap();
+        // SAFETY: as above: `c` is a NUL-terminated path, `st` a live statvfs.
         assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
         if st.f_blocks == 0 {
             eprintln!("SKIPPED no_space_names_path_size_and_free_space: /dev/shm has no size limit");

@@ -65,9 +65,7 @@ impl Codec {
                 // SAFETY: `input` is readable for src_len bytes and `out[1..]` writable for
                 // `bound` bytes; liblz4 writes at most `bound` bytes and returns their count
                 // (0 on failure).
-                let n = unsafe {
-                    lz4_sys::LZ4_compress_default(input.as_ptr().cast(), out[1..].as_mut_ptr().cast(), src_len, bound)
-                };
+                let n = unsafe { lz4_sys::LZ4_compress_default(input.as_ptr().cast(), out[1..].as_mut_ptr().cast(), src_len, bound) };
                 (n > 0).then_some(1 + n as usize)
             }
             Compressor::Zstd { level } => {

@@ -103,20 +103,13 @@ impl PoolHandle {
     /// Inverse of `to_raw`. Only values that came from `to_raw` name an object; 0 and values
     /// wider than 48 bits are debug-asserted, and `free` validates whatever it is given.
     pub fn from_raw(raw: u64) -> Self {
-        debug_assert!(
-            raw != 0 && raw >> Self::BITS == 0,
-            "not a pool handle: {raw:#x}"
-        );
+        debug_assert!(raw != 0 && raw >> Self::BITS == 0, "not a pool handle: {raw:#x}");
         Self(raw)
     }
 
     fn new(class: usize, chunk: usize, slot: usize) -> Self {
         // class + 1 keeps the handle non-zero.
-        Self(
-            ((class as u64 + 1) << (CHUNK_BITS + SLOT_BITS))
-                | ((chunk as u64) << SLOT_BITS)
-                | slot as u64,
-        )
+        Self(((class as u64 + 1) << (CHUNK_BITS + SLOT_BITS)) | ((chunk as u64) << SLOT_BITS) | slot as u64)
     }
 
     /// (class, chunk, slot); a zero or out-of-range class comes back >= NR_CLASSES.
@@ -131,11 +124,7 @@ impl PoolHandle {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PoolError {
     /// Storing would take the pool's footprint over its cap (after releasing what slack it could).
-    Full {
-        needed: u64,
-        footprint: u64,
-        cap: u64,
-    },
+    Full { needed: u64, footprint: u64, cap: u64 },
     /// The object is larger than the largest size the pool stores.
     TooLarge { len: usize, max: usize },
     /// mmap of a new chunk failed (errno).
@@ -145,23 +134,14 @@ pub enum PoolError {
 impl fmt::Display for PoolError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PoolError::Full {
-                needed,
-                footprint,
-                cap,
-            } => write!(
-                f,
-                "compressed pool full: need {needed} more bytes, footprint {footprint}, cap {cap}"
-            ),
+            PoolError::Full { needed, footprint, cap } => {
+                write!(f, "compressed pool full: need {needed} more bytes, footprint {footprint}, cap {cap}")
+            }
             PoolError::TooLarge { len, max } => {
                 write!(f, "object of {len} bytes exceeds the pool maximum of {max}")
             }
             PoolError::OutOfMemory { errno } => {
-                write!(
-                    f,
-                    "mmap of a pool chunk failed: {}",
-                    std::io::Error::from_raw_os_error(*errno)
-                )
+                write!(f, "mmap of a pool chunk failed: {}", std::io::Error::from_raw_os_error(*errno))
             }
         }
     }
@@ -223,12 +203,7 @@ struct ClassState {
     vacant: Vec<u32>,
 }
 
-fn top_valid(
-    stack: &mut Vec<u32>,
-    chunks: &mut [ChunkState],
-    flag: u8,
-    valid: impl Fn(&ChunkState) -> bool,
-) -> Option<usize> {
+fn top_valid(stack: &mut Vec<u32>, chunks: &mut [ChunkState], flag: u8, valid: impl Fn(&ChunkState) -> bool) -> Option<usize> {
     while let Some(&i) = stack.last() {
         let ch = &mut chunks[i as usize];
         if valid(ch) {
@@ -260,20 +235,14 @@ struct Class {
 
 impl Class {
     fn new(idx: usize) -> Self {
-        let (size, page_sized) = if idx < NR_SUB {
-            (SUB_STEP * (idx + 1), false)
-        } else {
-            ((idx - NR_SUB + 1) * PAGE, true)
-        };
+        let (size, page_sized) = if idx < NR_SUB { (SUB_STEP * (idx + 1), false) } else { ((idx - NR_SUB + 1) * PAGE, true) };
         let slots = (CHUNK_BYTES / size).max(1);
         Class {
             size,
             page_sized,
             slots,
             map_len: (slots * size).next_multiple_of(PAGE),
-            dir: (0..DIR_LEN)
-                .map(|_| AtomicPtr::new(ptr::null_mut()))
-                .collect(),
+            dir: (0..DIR_LEN).map(|_| AtomicPtr::new(ptr::null_mut())).collect(),
             state: Mutex::new(ClassState::default()),
         }
     }
@@ -306,8 +275,7 @@ impl Class {
         let entry = &self.dir[chunk >> SEG_BITS];
         let mut seg = entry.load(Ordering::Acquire);
         if seg.is_null() {
-            let fresh: Box<Seg> =
-                Box::new(std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())));
+            let fresh: Box<Seg> = Box::new(std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())));
             seg = Box::into_raw(fresh);
             entry.store(seg, Ordering::Release);
         }
@@ -361,9 +329,7 @@ fn map_chunk(len: usize) -> Result<*mut u8, PoolError> {
         )
     };
     if p == libc::MAP_FAILED {
-        let errno = std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::ENOMEM);
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM);
         return Err(PoolError::OutOfMemory { errno });
     }
     // Advice failures are ignored on purpose: without THP support NOHUGEPAGE is moot, and
@@ -380,12 +346,7 @@ fn map_chunk(len: usize) -> Result<*mut u8, PoolError> {
 unsafe fn dontneed(addr: *mut u8, len: usize) {
     // SAFETY: per the function contract, zeroing these pages loses no data anyone can see.
     let rc = unsafe { crate::sys::madvise(addr.cast(), len, libc::MADV_DONTNEED) };
-    debug_assert_eq!(
-        rc,
-        0,
-        "MADV_DONTNEED failed: {}",
-        std::io::Error::last_os_error()
-    );
+    debug_assert_eq!(rc, 0, "MADV_DONTNEED failed: {}", std::io::Error::last_os_error());
 }
 
 /// # Safety
@@ -413,15 +374,8 @@ enum Pick {
 }
 
 enum Taken {
-    Slot {
-        chunk: usize,
-        slot: usize,
-        base: *mut u8,
-        info: NonNull<ChunkInfo>,
-    },
-    Over {
-        growth: u64,
-    },
+    Slot { chunk: usize, slot: usize, base: *mut u8, info: NonNull<ChunkInfo> },
+    Over { growth: u64 },
 }
 
 /// The compressed pool's allocator. See the module documentation.
@@ -494,22 +448,14 @@ impl ZPool {
     pub fn store(&self, data: &[u8]) -> Result<PoolHandle, PoolError> {
         let len = data.len();
         if len > Self::MAX_OBJECT {
-            return Err(PoolError::TooLarge {
-                len,
-                max: Self::MAX_OBJECT,
-            });
+            return Err(PoolError::TooLarge { len, max: Self::MAX_OBJECT });
         }
         let ci = class_index(len);
         let class = self.classes[ci].get_or_init(|| Class::new(ci));
         let mut attempts = 0;
         let (chunk, slot, base, info) = loop {
             match self.take_slot(class)? {
-                Taken::Slot {
-                    chunk,
-                    slot,
-                    base,
-                    info,
-                } => break (chunk, slot, base, info),
+                Taken::Slot { chunk, slot, base, info } => break (chunk, slot, base, info),
                 Taken::Over { growth } => {
                     attempts += 1;
                     let cap = self.cap();
@@ -517,11 +463,7 @@ impl ZPool {
                     let excess = (footprint + growth).saturating_sub(cap);
                     let slack = self.slack_bytes();
                     if attempts >= STORE_ATTEMPTS || excess > slack {
-                        return Err(PoolError::Full {
-                            needed: growth,
-                            footprint,
-                            cap,
-                        });
+                        return Err(PoolError::Full { needed: growth, footprint, cap });
                     }
                     if excess > 0 {
                         self.shrink_slack(slack - excess);
@@ -559,11 +501,7 @@ impl ZPool {
     /// `h` is live (stored and not yet freed) and is not freed while the slice is used.
     pub unsafe fn get(&self, h: PoolHandle) -> &[u8] {
         let (ci, chunk, slot) = h.decode();
-        let class = self
-            .classes
-            .get(ci)
-            .and_then(OnceLock::get)
-            .expect("invalid pool handle");
+        let class = self.classes.get(ci).and_then(OnceLock::get).expect("invalid pool handle");
         let info = class.info(chunk).expect("invalid pool handle");
         let base = info.base.load(Ordering::Acquire);
         debug_assert!(!base.is_null() && slot < class.slots, "stale pool handle");
@@ -579,9 +517,7 @@ impl ZPool {
             let hdr = unsafe { header(p) }.load(Ordering::Acquire);
             debug_assert_eq!(hdr & HDR_TAG_MASK, HDR_LIVE, "pool handle not live");
             // SAFETY: same contract; `len` bytes follow the header inside the slot.
-            unsafe {
-                std::slice::from_raw_parts(p.wrapping_add(HDR), (hdr & !HDR_TAG_MASK) as usize)
-            }
+            unsafe { std::slice::from_raw_parts(p.wrapping_add(HDR), (hdr & !HDR_TAG_MASK) as usize) }
         }
     }
 
@@ -593,18 +529,11 @@ impl ZPool {
     /// two objects later.
     pub fn free(&self, h: PoolHandle) {
         let (ci, chunk, slot) = h.decode();
-        let class = self
-            .classes
-            .get(ci)
-            .and_then(OnceLock::get)
-            .expect("invalid pool handle");
+        let class = self.classes.get(ci).and_then(OnceLock::get).expect("invalid pool handle");
         let mut guard = class.lock();
         let st = &mut *guard;
         let ch = st.chunks.get_mut(chunk).expect("invalid pool handle");
-        assert!(
-            !ch.base.is_null() && slot < ch.bump as usize,
-            "pool handle not live"
-        );
+        assert!(!ch.base.is_null() && slot < ch.bump as usize, "pool handle not live");
         let p = ch.base.wrapping_add(slot * class.size);
         let len = if class.page_sized {
             // SAFETY: ChunkInfo lives as long as the pool.
@@ -616,11 +545,7 @@ impl ZPool {
             // SAFETY: slot < bump, so the slot lies in the populated part of a mapped chunk.
             let hdr = unsafe { header(p) };
             let v = hdr.load(Ordering::Acquire);
-            assert_eq!(
-                v & HDR_TAG_MASK,
-                HDR_LIVE,
-                "pool handle freed twice or never stored"
-            );
+            assert_eq!(v & HDR_TAG_MASK, HDR_LIVE, "pool handle freed twice or never stored");
             hdr.store(HDR_FREE, Ordering::Relaxed);
             v & !HDR_TAG_MASK
         };
@@ -683,11 +608,7 @@ impl ZPool {
     /// Release populated free memory back to the OS (MADV_DONTNEED) down to `keep` bytes of slack.
     /// Largest classes go first: fewest syscalls per byte released.
     pub fn shrink_slack(&self, keep: u64) {
-        for class in self.classes[NR_SUB..]
-            .iter()
-            .rev()
-            .filter_map(OnceLock::get)
-        {
+        for class in self.classes[NR_SUB..].iter().rev().filter_map(OnceLock::get) {
             if self.slack_bytes() <= keep {
                 return;
             }
@@ -698,9 +619,7 @@ impl ZPool {
                 if slack <= keep {
                     break;
                 }
-                let Some(i) = top_valid(&mut st.free_stack, &mut st.chunks, IN_FREE, |c| {
-                    !c.free.is_empty()
-                }) else {
+                let Some(i) = top_valid(&mut st.free_stack, &mut st.chunks, IN_FREE, |c| !c.free.is_empty()) else {
                     break;
                 };
                 let ch = &mut st.chunks[i];
@@ -719,12 +638,7 @@ impl ZPool {
                     }
                     // SAFETY: these slots are free (taken off the free list under the lock) and
                     // page-aligned, page-sized, inside the chunk's mapping.
-                    unsafe {
-                        dontneed(
-                            ch.base.wrapping_add(start * class.size),
-                            (end - start) * class.size,
-                        )
-                    };
+                    unsafe { dontneed(ch.base.wrapping_add(start * class.size), (end - start) * class.size) };
                 }
                 let bytes = (n * class.size) as u64;
                 self.footprint.fetch_sub(bytes, Ordering::Relaxed);
@@ -745,11 +659,7 @@ impl ZPool {
             return true;
         }
         let cap = self.cap();
-        self.footprint
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |fp| {
-                (fp + growth <= cap).then_some(fp + growth)
-            })
-            .is_ok()
+        self.footprint.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |fp| (fp + growth <= cap).then_some(fp + growth)).is_ok()
     }
 
     /// Pick a slot under the class lock, cheapest first: populated free (no growth), released
@@ -758,18 +668,11 @@ impl ZPool {
         let mut guard = class.lock();
         let st = &mut *guard;
         let slots = class.slots as u32;
-        let (pick, growth) = if let Some(i) =
-            top_valid(&mut st.free_stack, &mut st.chunks, IN_FREE, |c| {
-                !c.free.is_empty()
-            }) {
+        let (pick, growth) = if let Some(i) = top_valid(&mut st.free_stack, &mut st.chunks, IN_FREE, |c| !c.free.is_empty()) {
             (Pick::Free(i), 0)
-        } else if let Some(i) = top_valid(&mut st.rel_stack, &mut st.chunks, IN_REL, |c| {
-            !c.released.is_empty()
-        }) {
+        } else if let Some(i) = top_valid(&mut st.rel_stack, &mut st.chunks, IN_REL, |c| !c.released.is_empty()) {
             (Pick::Released(i), class.size as u64)
-        } else if let Some(i) = top_valid(&mut st.room_stack, &mut st.chunks, IN_ROOM, |c| {
-            c.bump > 0 && c.bump < slots
-        }) {
+        } else if let Some(i) = top_valid(&mut st.room_stack, &mut st.chunks, IN_ROOM, |c| c.bump > 0 && c.bump < slots) {
             let b = st.chunks[i].bump as usize;
             (Pick::Room(i), class.covered(b + 1) - class.covered(b))
         } else if let Some(i) = st.spare {
@@ -782,20 +685,14 @@ impl ZPool {
         }
         let (i, slot) = match pick {
             Pick::Free(i) => {
-                let slot = st.chunks[i]
-                    .free
-                    .pop()
-                    .expect("top_valid checked non-empty");
+                let slot = st.chunks[i].free.pop().expect("top_valid checked non-empty");
                 if class.page_sized {
                     self.slack.fetch_sub(class.size as u64, Ordering::Relaxed);
                 }
                 (i, slot as usize)
             }
             Pick::Released(i) => {
-                let slot = st.chunks[i]
-                    .released
-                    .pop()
-                    .expect("top_valid checked non-empty");
+                let slot = st.chunks[i].released.pop().expect("top_valid checked non-empty");
                 (i, slot as usize)
             }
             Pick::Room(i) => {
@@ -823,36 +720,25 @@ impl ZPool {
             }
         }
         ch.used += 1;
-        Ok(Taken::Slot {
-            chunk: i,
-            slot,
-            base: ch.base,
-            info: ch.info,
-        })
+        Ok(Taken::Slot { chunk: i, slot, base: ch.base, info: ch.info })
     }
 
     fn new_chunk(&self, class: &Class, st: &mut ClassState) -> Result<usize, PoolError> {
         if st.vacant.is_empty() && st.chunks.len() >= MAX_CHUNKS {
-            return Err(PoolError::OutOfMemory {
-                errno: libc::ENOMEM,
-            });
+            return Err(PoolError::OutOfMemory { errno: libc::ENOMEM });
         }
         let base = map_chunk(class.map_len)?;
         if let Some(i) = st.vacant.pop() {
             let ch = &mut st.chunks[i as usize];
             ch.base = base;
             // SAFETY: ChunkInfo lives as long as the pool.
-            unsafe { ch.info.as_ref() }
-                .base
-                .store(base, Ordering::Release);
+            unsafe { ch.info.as_ref() }.base.store(base, Ordering::Release);
             return Ok(i as usize);
         }
         let i = st.chunks.len();
         let lens_len = if class.page_sized { class.slots } else { 0 };
-        let info = Box::into_raw(Box::new(ChunkInfo {
-            base: AtomicPtr::new(base),
-            lens: (0..lens_len).map(|_| AtomicU32::new(0)).collect(),
-        }));
+        let info =
+            Box::into_raw(Box::new(ChunkInfo { base: AtomicPtr::new(base), lens: (0..lens_len).map(|_| AtomicU32::new(0)).collect() }));
         class.publish(i, info);
         st.chunks.push(ChunkState {
             base,
@@ -887,9 +773,7 @@ impl ZPool {
             unsafe { unmap(ch.base, class.map_len) };
             ch.base = ptr::null_mut();
             // SAFETY: ChunkInfo lives as long as the pool.
-            unsafe { ch.info.as_ref() }
-                .base
-                .store(ptr::null_mut(), Ordering::Release);
+            unsafe { ch.info.as_ref() }.base.store(ptr::null_mut(), Ordering::Release);
             st.vacant.push(i as u32);
         }
     }
@@ -931,10 +815,7 @@ impl ZPool {
                     footprint += class.covered(ch.bump as usize);
                     assert!(ch.released.is_empty());
                 }
-                assert_eq!(
-                    ch.used as usize + ch.free.len() + ch.released.len(),
-                    ch.bump as usize
-                );
+                assert_eq!(ch.used as usize + ch.free.len() + ch.released.len(), ch.bump as usize);
                 if st.spare == Some(i as u32) {
                     assert_eq!(ch.bump, 0);
                 }
@@ -994,30 +875,14 @@ mod tests {
         }
         let h = PoolHandle::new(NR_CLASSES - 1, MAX_CHUNKS - 1, (1 << SLOT_BITS) - 1);
         assert!(h.to_raw() >> PoolHandle::BITS == 0);
-        assert_eq!(
-            h.decode(),
-            (NR_CLASSES - 1, MAX_CHUNKS - 1, (1 << SLOT_BITS) - 1)
-        );
+        assert_eq!(h.decode(), (NR_CLASSES - 1, MAX_CHUNKS - 1, (1 << SLOT_BITS) - 1));
         assert_ne!(PoolHandle::new(0, 0, 0).to_raw(), 0);
     }
 
     #[test]
     fn round_trip_sizes() {
         let pool = ZPool::new(u64::MAX);
-        let sizes = [
-            0,
-            1,
-            63,
-            64,
-            4028,
-            4029,
-            4095,
-            4096,
-            4097,
-            65536,
-            2 << 20,
-            ZPool::MAX_OBJECT,
-        ];
+        let sizes = [0, 1, 63, 64, 4028, 4029, 4095, 4096, 4097, 65536, 2 << 20, ZPool::MAX_OBJECT];
         let handles: Vec<_> = sizes
             .iter()
             .map(|&len| {
@@ -1057,13 +922,7 @@ mod tests {
     fn too_large() {
         let pool = ZPool::new(u64::MAX);
         let data = vec![0u8; ZPool::MAX_OBJECT + 1];
-        assert_eq!(
-            pool.store(&data),
-            Err(PoolError::TooLarge {
-                len: ZPool::MAX_OBJECT + 1,
-                max: ZPool::MAX_OBJECT
-            })
-        );
+        assert_eq!(pool.store(&data), Err(PoolError::TooLarge { len: ZPool::MAX_OBJECT + 1, max: ZPool::MAX_OBJECT }));
         assert_eq!((pool.footprint_bytes(), pool.live_objects()), (0, 0));
     }
 
@@ -1081,19 +940,9 @@ mod tests {
             assert!(live.len() <= 16);
         };
         assert_eq!(live.len(), 16);
-        assert_eq!(
-            err,
-            PoolError::Full {
-                needed: 65536,
-                footprint: cap,
-                cap
-            }
-        );
+        assert_eq!(err, PoolError::Full { needed: 65536, footprint: cap, cap });
         // Small objects need a fresh page too, and fail the same way.
-        assert!(matches!(
-            pool.store(&[1u8; 10]),
-            Err(PoolError::Full { .. })
-        ));
+        assert!(matches!(pool.store(&[1u8; 10]), Err(PoolError::Full { .. })));
         assert_eq!(pool.footprint_bytes(), cap);
         for &(h, seed) in &live {
             // SAFETY: h is live.
@@ -1115,9 +964,7 @@ mod tests {
     #[test]
     fn full_releases_slack_of_other_classes_first() {
         let pool = ZPool::new(4 * MIB);
-        let big: Vec<_> = (0..4)
-            .map(|i| pool.store(&content(i, MIB as usize - 100)).unwrap())
-            .collect();
+        let big: Vec<_> = (0..4).map(|i| pool.store(&content(i, MIB as usize - 100)).unwrap()).collect();
         assert_eq!(pool.footprint_bytes(), 4 * MIB);
         for h in big {
             pool.free(h);
@@ -1126,9 +973,7 @@ mod tests {
         assert_eq!(pool.slack_bytes(), 4 * MIB);
         assert_eq!(pool.footprint_bytes(), 4 * MIB);
         // A different class needs fresh pages; the store releases slack instead of failing.
-        let small: Vec<_> = (0..64)
-            .map(|i| pool.store(&content(i, 30000)).unwrap())
-            .collect();
+        let small: Vec<_> = (0..64).map(|i| pool.store(&content(i, 30000)).unwrap()).collect();
         assert!(pool.footprint_bytes() <= 4 * MIB);
         for (i, &h) in small.iter().enumerate() {
             // SAFETY: h is live.
@@ -1142,9 +987,7 @@ mod tests {
     fn footprint_drops_beyond_slack_and_after_shrink() {
         let pool = ZPool::new(u64::MAX);
         let n = 24u64;
-        let hs: Vec<_> = (0..n)
-            .map(|i| pool.store(&content(i, MIB as usize)).unwrap())
-            .collect();
+        let hs: Vec<_> = (0..n).map(|i| pool.store(&content(i, MIB as usize)).unwrap()).collect();
         assert_eq!(pool.footprint_bytes(), n * MIB);
         assert_eq!(pool.resident_bytes(), n * MIB);
         for h in hs {
@@ -1167,9 +1010,7 @@ mod tests {
         let pool = ZPool::new(u64::MAX);
         // 3 chunks' worth of 100-byte objects (class 128).
         let per_chunk = CHUNK_BYTES / 128;
-        let hs: Vec<_> = (0..3 * per_chunk)
-            .map(|i| pool.store(&content(i as u64, 100)).unwrap())
-            .collect();
+        let hs: Vec<_> = (0..3 * per_chunk).map(|i| pool.store(&content(i as u64, 100)).unwrap()).collect();
         assert_eq!(pool.footprint_bytes(), 3 * CHUNK_BYTES as u64);
         // Free all but one object: two chunks empty out completely, one keeps a live object.
         for &h in &hs[1..] {
@@ -1188,9 +1029,7 @@ mod tests {
     fn reuse_does_not_grow_footprint() {
         let pool = ZPool::new(u64::MAX);
         for len in [100usize, 3000, 4096, 20000, 1 << 20] {
-            let hs: Vec<_> = (0..8)
-                .map(|i| pool.store(&content(i, len)).unwrap())
-                .collect();
+            let hs: Vec<_> = (0..8).map(|i| pool.store(&content(i, len)).unwrap()).collect();
             let fp = pool.footprint_bytes();
             for h in hs {
                 pool.free(h);
@@ -1198,9 +1037,7 @@ mod tests {
             // Keep one object alive so the sub-page chunk is not released as a whole.
             let keep = pool.store(&content(1000, len)).unwrap();
             for _ in 0..5 {
-                let hs: Vec<_> = (0..7)
-                    .map(|i| pool.store(&content(i, len)).unwrap())
-                    .collect();
+                let hs: Vec<_> = (0..7).map(|i| pool.store(&content(i, len)).unwrap()).collect();
                 assert_eq!(pool.footprint_bytes(), fp, "len {len}");
                 for h in hs {
                     pool.free(h);
@@ -1215,11 +1052,7 @@ mod tests {
     fn empty_chunks_are_unmapped_and_their_index_reused() {
         let pool = ZPool::new(u64::MAX);
         let len = 3 * CHUNK_BYTES / 4; // one slot per chunk
-        let round = |base: u64| -> Vec<PoolHandle> {
-            (0..4)
-                .map(|i| pool.store(&content(base + i, len)).unwrap())
-                .collect()
-        };
+        let round = |base: u64| -> Vec<PoolHandle> { (0..4).map(|i| pool.store(&content(base + i, len)).unwrap()).collect() };
         let first = round(0);
         let chunks: Vec<_> = first.iter().map(|h| h.decode().1).collect();
         for h in first {
@@ -1275,15 +1108,8 @@ mod tests {
     fn forged_handles_panic() {
         let pool = ZPool::new(u64::MAX);
         let h = pool.store(&[1u8; 100]).unwrap();
-        for raw in [
-            1u64,
-            h.to_raw() + 1,
-            h.to_raw() + (1 << SLOT_BITS),
-            (NR_CLASSES as u64 + 1) << 33,
-        ] {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                pool.free(PoolHandle(raw))
-            }));
+        for raw in [1u64, h.to_raw() + 1, h.to_raw() + (1 << SLOT_BITS), (NR_CLASSES as u64 + 1) << 33] {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.free(PoolHandle(raw))));
             assert!(r.is_err(), "{raw:#x}");
         }
         // The pool still works after the rejected frees.
