@@ -28,7 +28,9 @@ pub struct RunArgs {
     /// Pool compressor (lz4, zstd, …).
     #[arg(long)]
     compressor: Option<String>,
-    /// Swap file behind the pool, PATH:SIZE (a directory gets an anonymous file).
+    /// Swap file behind the pool, PATH:SIZE (a directory gets an anonymous file); auto
+    /// (the default): a sparse file made in /var/tmp; none: no file (then memory_high
+    /// cannot hold for data that does not compress).
     #[arg(long)]
     swap_file: Option<String>,
     /// Cap of the compressed pool (a size, or a percentage of RAM).
@@ -110,7 +112,10 @@ pub fn run(args: RunArgs) -> Result<std::process::ExitCode, String> {
             cmd.env("LD_PRELOAD", preload)
                 .env("FOLIOSWAP_INTERPOSE", "1")
                 .env("FOLIOSWAP_THRESHOLD", threshold.to_string())
-                .env("FOLIOSWAP_STATS_DIR", &dir);
+                .env("FOLIOSWAP_STATS_DIR", &dir)
+                // The engine started above has said (once) what the configuration cannot
+                // do; the program's engines need not say it again.
+                .env("FOLIOSWAP_WARNED", "1");
             if config.memory_high.is_some() {
                 cmd.env("FOLIOSWAP_SHARED_LIMIT", dir.join("limit"));
             }

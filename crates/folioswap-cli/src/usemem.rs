@@ -55,7 +55,8 @@ pub struct UsememArgs {
     /// Cap of the compressed pool (size or percentage of RAM).
     #[arg(long)]
     max_pool: Option<String>,
-    /// Count pool memory against the limit too.
+    /// Count pool memory against the limit too (the default wherever there is a swap
+    /// file, which there is unless `--swap-file none`).
     #[arg(long)]
     charge_pool: bool,
     /// thread or signal.
@@ -79,8 +80,9 @@ pub struct UsememArgs {
     /// Fault threads in thread mode (0: one per CPU).
     #[arg(long)]
     fault_threads: Option<usize>,
-    /// A swap file behind the pool: PATH:SIZE, a file to create or a directory
-    /// (default: FOLIOSWAP_SWAP_FILE, or none). `--max-pool 0` then turns the pool off.
+    /// A swap file behind the pool: PATH:SIZE, a file to create or a directory; auto (the
+    /// default, or FOLIOSWAP_SWAP_FILE): a sparse file made in /var/tmp; none: no file,
+    /// the pool alone (uncharged). `--max-pool 0` with a file turns the pool off.
     #[arg(long)]
     swap_file: Option<String>,
     /// Percent of max_pool under which a full pool accepts folios again.
@@ -464,8 +466,15 @@ pub fn run(args: UsememArgs) -> Result<bool, String> {
             fault_mode: config.fault_mode.to_string(),
             lru: config.lru.to_string(),
             max_pool: config.max_pool.to_string(),
-            charge_pool: config.charge_pool,
-            swap_file: config.swap_file.as_ref().map(|f| format!("{}:{}", f.path.display(), format_bytes(f.size))),
+            charge_pool: config.charge_pool && stats.swap.is_some(),
+            swap_file: stats.swap.as_ref().map(|sw| {
+                let at = format!("{}:{}", sw.path.as_deref().unwrap_or("?"), format_bytes(sw.size_bytes));
+                if sw.on_demand {
+                    format!("auto {at}")
+                } else {
+                    at
+                }
+            }),
         },
         stats,
     };

@@ -441,6 +441,64 @@ fn python_bytearray_under_run() {
     run.assert_total_positive("zswpout");
 }
 
+/// A program writing 640 MiB that does not compress under `--memory-high 256M` and no
+/// other flag: the pool is charged and what does not compress goes to a swap file made
+/// on demand, so the program's peak RSS stays under the limit plus a stated slack. With
+/// `--swap-file none` the engine says once that the limit cannot hold, and counts it.
+#[test]
+fn incompressible_data_stays_under_the_limit_with_no_flag() {
+    let _serial = serial();
+    require_tool("python3", "incompressible_data_stays_under_the_limit_with_no_flag");
+    // Python's own memory before the big buffer, then the buffer filled with shake_256
+    // output (incompressible), hashed; VmHWM is the peak RSS of the whole process.
+    let script = |mib: u32| {
+        format!(
+            "import hashlib\n\
+             def hwm():\n    return int([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]) << 10\n\
+             base = hwm()\n\
+             b = bytearray({mib} << 20)\n\
+             for i in range({mib}):\n    b[i << 20:(i + 1) << 20] = hashlib.shake_256(i.to_bytes(4, 'little')).digest(1 << 20)\n\
+             print(hashlib.sha256(b).hexdigest())\n\
+             print('BASE', base)\n\
+             print('PEAK', hwm())\n"
+        )
+    };
+    let figure = |run: &Run, key: &str| -> u64 {
+        run.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {key} line\n{}", run.describe()))
+    };
+    let expected = direct(&["python3", "-c", &script(640)], &[]);
+    expected.assert_success();
+    let digest = expected.stdout.lines().next().unwrap_or_default().to_string();
+
+    let dir = TempDir::new("incompressible");
+    let stats = dir.join("stats.json");
+    let run = under(&["--memory-high", "256M"], Some(&stats), &["python3", "-c", &script(640)]);
+    run.assert_success();
+    assert_eq!(run.stdout.lines().next().unwrap_or_default(), digest, "the digest differs\n{}", run.describe());
+    run.assert_total_positive("pswpout");
+    // The slack: the interpreter's own memory before the buffer (BASE) and 32 MiB for the
+    // engine's tables, thread stacks and per-thread buffers, which no limit charges.
+    let (base, peak) = (figure(&run, "BASE "), figure(&run, "PEAK "));
+    assert!(
+        peak <= base + (256 << 20) + (32 << 20),
+        "peak RSS {} MiB over 256M + base {} MiB + 32M slack\n{}",
+        peak >> 20,
+        base >> 20,
+        run.describe()
+    );
+
+    let stats = dir.join("stats-none.json");
+    let run = under(&["--memory-high", "64M", "--swap-file", "none"], Some(&stats), &["python3", "-c", &script(128)]);
+    run.assert_success();
+    assert_eq!(run.stderr.matches("folioswap: no swap file").count(), 1, "said once\n{}", run.describe());
+    let overrun = run.stats()["per_process"][0]["stats"]["memory"]["limit_overrun_peak_bytes"].as_u64().unwrap_or(0);
+    assert!(overrun > 0, "the overrun is counted\n{}", run.describe());
+}
+
 /// ~96 MiB of deterministic pseudo-random text lines.
 fn write_lines(path: &Path, bytes: usize) {
     use std::io::Write;

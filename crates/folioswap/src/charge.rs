@@ -3,7 +3,8 @@
 //!
 //! [`reserve`] never fails while something can still give: it reclaims directly (through
 //! `Mm::hooks`, so that charging does not depend on the reclaim paths), waits for
-//! evictions in flight, empties the caches that hold charged memory, and with a limit
+//! evictions in flight and for other faults' charges to become evictable folios, empties
+//! the caches that hold charged memory, and with a limit
 //! shared between processes waits for the others and then lets the charge past the limit
 //! (`memory_high_overrun`), as memory.high throttles rather than kills. It fails only when
 //! nothing can be evicted or stored and no reclaim is in flight: [`Oom`] says why.
@@ -25,7 +26,7 @@ pub(crate) struct Oom {
 #[derive(Debug)]
 pub(crate) enum OomReason {
     /// The swap file is full and the pool cannot take the rest.
-    SwapFileFull { slots_used: u64, slots_total: u64, slots_bad: u64, pool: u64, max_pool: u64 },
+    SwapFileFull { slots_used: u64, slots_total: u64, slots_bad: u64, disk_full: bool, pool: u64, max_pool: u64 },
     /// The pool is full and there is no swap file.
     PoolFull { pool: u64, max_pool: u64 },
     /// Every resident folio is held by a fault in progress.
@@ -36,11 +37,12 @@ impl fmt::Display for Oom {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "cannot keep {}: ", self.usage)?;
         match &self.why {
-            OomReason::SwapFileFull { slots_used, slots_total, slots_bad, pool, max_pool } => write!(
+            OomReason::SwapFileFull { slots_used, slots_total, slots_bad, disk_full, pool, max_pool } => write!(
                 f,
-                "the swap file has no room ({slots_used} of {slots_total} slots used, {slots_bad} bad) and the \
+                "the swap file has no room ({slots_used} of {slots_total} slots used, {slots_bad} bad{}) and the \
                  compressed pool cannot take the rest ({} of max_pool {}); use a larger swap file, or raise \
                  max_pool or memory_high",
+                if *disk_full { "; the filesystem under it is full" } else { "" },
                 format_bytes(*pool),
                 format_bytes(*max_pool)
             ),
@@ -71,17 +73,40 @@ pub(crate) fn try_charge(mm: &Mm, c: Component, bytes: u64) -> bool {
     true
 }
 
+/// A fault's charge from `reserve` until its folio is installed (on the LRU, evictable) or
+/// the charge is given back: while any exists, another fault that finds memory_high full
+/// waits for it instead of failing. Dropping it ends the wait; the charge itself stays
+/// (Resident) or is uncharged by the caller.
+#[must_use = "the reservation must live until the folio is installed"]
+pub(crate) struct Reservation<'a> {
+    mm: &'a Mm,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.mm.reclaim.end_fault_charge();
+    }
+}
+
+fn reservation(mm: &Mm) -> Reservation<'_> {
+    mm.reclaim.begin_fault_charge();
+    Reservation { mm }
+}
+
 /// Reserve `bytes` of resident memory for a fault, reclaiming directly when that would
-/// pass memory_high.
-pub(crate) fn reserve(mm: &Mm, bytes: u64) -> Result<(), Oom> {
+/// pass memory_high, and waiting while other faults hold charges they are about to turn
+/// into evictable folios: a fault fails only when nothing else can give.
+pub(crate) fn reserve(mm: &Mm, bytes: u64) -> Result<Reservation<'_>, Oom> {
     /// Milliseconds a fault waits for other processes sharing the limit to reclaim.
     const SHARED_WAIT: u32 = 200;
     let mut stalled = false;
     let mut waited = 0;
+    let mut usage_at_try = u64::MAX;
     loop {
         if try_charge(mm, Component::Resident, bytes) {
-            return Ok(());
+            return Ok(reservation(mm));
         }
+        usage_at_try = usage_at_try.min(mm.memcg.limited_usage(mm.tiers.pool_bytes()));
         if !stalled {
             mm.counters.vm.allocstall.inc();
             stalled = true;
@@ -96,6 +121,17 @@ pub(crate) fn reserve(mm: &Mm, bytes: u64) -> Result<(), Oom> {
         if (mm.hooks.shrink_caches)(mm) > 0 {
             continue;
         }
+        // Each step above found nothing, but memory may have come back between the charge
+        // that failed and now (an eviction that finished, a fault that installed): fail
+        // only if the charge still fails with usage no lower than it was.
+        if try_charge(mm, Component::Resident, bytes) {
+            return Ok(reservation(mm));
+        }
+        let now = mm.memcg.limited_usage(mm.tiers.pool_bytes());
+        if now < usage_at_try {
+            usage_at_try = now;
+            continue;
+        }
         if let Some(shared) = mm.memcg.shared() {
             // Nothing of ours to reclaim: the other processes sharing the limit must
             // make room. Give them time, then go past the limit rather than fail.
@@ -108,7 +144,7 @@ pub(crate) fn reserve(mm: &Mm, bytes: u64) -> Result<(), Oom> {
             if !pool_stuck {
                 mm.counters.vm.memory_high_overrun.inc();
                 mm.memcg.charge(Component::Resident, bytes);
-                return Ok(());
+                return Ok(reservation(mm));
             }
         }
         return Err(oom(mm));
@@ -120,11 +156,13 @@ fn oom(mm: &Mm) -> Oom {
     let pool = &mm.tiers.zswap.pool;
     let fp = pool.footprint_bytes();
     let usage = format!(
-        "memory_high={} ({} charged: {} resident, {} in the swap cache, {} pool{})",
+        "memory_high={} ({} charged: {} resident in {} folios on the LRU, {} in the swap cache, {} kept staging, {} pool{})",
         format_bytes(mm.memcg.limit.unwrap_or(0)),
         format_bytes(mm.memcg.usage(fp)),
         format_bytes(mm.memcg.get(Component::Resident)),
+        mm.lru.len(),
         format_bytes(mm.memcg.get(Component::SwapCache)),
+        format_bytes(mm.memcg.get(Component::StagingFree)),
         format_bytes(fp),
         if mm.memcg.charge_pool { " (charged)" } else { "" }
     );
@@ -134,6 +172,7 @@ fn oom(mm: &Mm) -> Oom {
             slots_used: stat.slots_used,
             slots_total: stat.slots_total,
             slots_bad: stat.slots_bad,
+            disk_full: stat.disk_full,
             pool: fp,
             max_pool: pool.cap(),
         }

@@ -164,7 +164,8 @@ impl FromStr for SwapFileSpec {
 }
 
 impl SwapFileSpec {
-    pub const ACCEPTED: &'static str = "PATH:SIZE, a file to create or a directory, and a size from 2M to 16T (e.g. /var/tmp:8G)";
+    pub const ACCEPTED: &'static str =
+        "PATH:SIZE, a file to create or a directory, and a size from 2M to 16T (e.g. /var/tmp:8G); or auto (the default: made on demand), or none";
     /// One 2 MiB cluster.
     pub const MIN_SIZE: u64 = 2 << 20;
     /// 2^32 slots of 4 KiB: a swapped folio's handle word keeps its slot in 32 bits.
@@ -181,7 +182,9 @@ pub struct Config {
     /// Cap of the compressed pool, as zswap's `max_pool_percent`.
     #[serde(serialize_with = "serialize_display")]
     pub max_pool: PoolLimit,
-    /// Count pool bytes against `memory_high` too (cgroup v2 charges zswap to the memcg).
+    /// Count pool bytes against `memory_high` too, as cgroup v2 charges zswap to the
+    /// memcg (the default). It takes effect only with a swap file to send what does not
+    /// fit to: without one, the pool stays outside the limit (see `auto_swap_file`).
     pub charge_pool: bool,
     /// Default folio size of new regions.
     #[serde(serialize_with = "serialize_display")]
@@ -196,8 +199,15 @@ pub struct Config {
     /// Background reclaim (kswapd) threads, which also compress; 0 means one per CPU.
     pub reclaim_threads: usize,
     pub lru: LruPolicy,
-    /// The swap file behind the pool; `None`: the pool is the only place evicted folios go.
+    /// The swap file behind the pool; `None`: see `auto_swap_file`.
     pub swap_file: Option<SwapFileSpec>,
+    /// With no `swap_file`, create one when the engine starts (with a memory_high): an
+    /// unlinked, sparse file in the first disk-backed temporary directory (`/var/tmp`,
+    /// then `$TMPDIR`, then `/tmp`; never tmpfs, which is memory), so that what does not
+    /// compress, and what the pool cannot hold, leaves memory too and memory_high bounds
+    /// the whole cost. `FOLIOSWAP_SWAP_FILE=none` turns it off: then the pool is the only
+    /// place evicted folios go, and it is not charged to memory_high.
+    pub auto_swap_file: bool,
     /// Once the pool has hit `max_pool` it accepts folios again only when it has shrunk
     /// under this percentage of it (zswap's `accept_threshold_percent`); meanwhile folios
     /// go to the swap file and the pool's coldest entries are written back there.
@@ -234,7 +244,7 @@ impl Default for Config {
         Config {
             memory_high: None,
             max_pool: PoolLimit::Percent(20.0),
-            charge_pool: false,
+            charge_pool: true,
             folio_size: FolioSize::M2,
             compressor: Compressor::Lz4,
             split_swap: false,
@@ -243,6 +253,7 @@ impl Default for Config {
             reclaim_threads: 0,
             lru: LruPolicy::Workingset,
             swap_file: None,
+            auto_swap_file: true,
             accept_threshold_percent: 90,
             min_compression_ratio: 1.0,
             slot_cache: 64,
@@ -285,6 +296,7 @@ pub const PRELOAD_VARS: &[(&str, &str)] = &[
     ("FOLIOSWAP_FALLBACK", "1/0: run unmanaged (with a warning) when the engine cannot start"),
     ("FOLIOSWAP_INTERPOSE", "1/0: manage the program's malloc and mmap (default: on when preloaded)"),
     ("FOLIOSWAP_STATS_DIR", "a directory each process writes its counters to at exit (stats-PID.json)"),
+    ("FOLIOSWAP_WARNED", "1: the launcher has said what the configuration cannot do (no swap file); the engines it starts stay quiet"),
 ];
 
 fn accepted(var: &str) -> &'static str {
@@ -394,8 +406,15 @@ impl Config {
     }
 
     fn parse_swap_file(mut self, var: &str, value: &str) -> Result<Config> {
-        let spec = value.parse::<SwapFileSpec>().map_err(|e| Error::config(var, value, format!("{} ({e})", SwapFileSpec::ACCEPTED)))?;
-        self.swap_file = Some(spec);
+        match value.trim() {
+            "none" => (self.swap_file, self.auto_swap_file) = (None, false),
+            "auto" => (self.swap_file, self.auto_swap_file) = (None, true),
+            _ => {
+                let spec =
+                    value.parse::<SwapFileSpec>().map_err(|e| Error::config(var, value, format!("{} ({e})", SwapFileSpec::ACCEPTED)))?;
+                self.swap_file = Some(spec);
+            }
+        }
         Ok(self)
     }
 
@@ -495,6 +514,12 @@ impl Config {
         let path = path.into();
         let value = format!("{}:{size}", path.display());
         self.parse_swap_file("swap_file", &value)
+    }
+    /// No swap file at all, not even one made on demand: the pool is the only place
+    /// evicted folios go, and memory_high cannot hold for data that does not compress.
+    pub fn no_swap_file(mut self) -> Config {
+        (self.swap_file, self.auto_swap_file) = (None, false);
+        self
     }
     /// `"90"`: percent of max_pool under which a full pool accepts folios again.
     pub fn accept_threshold_percent(self, value: &str) -> Result<Config> {

@@ -5,6 +5,7 @@
 //! `Lifetime` whose drop stops and joins the threads once the engine and all its regions
 //! are gone. Mapping and dropping regions is `region.rs`; fork is `fork.rs`.
 
+use crate::config::SwapFileSpec;
 use crate::config::{Config, FaultMode};
 use crate::error::{Error, Result};
 use crate::event_queue::EventQueue;
@@ -14,10 +15,11 @@ use crate::memcg::{Component, MemCg};
 use crate::mm::{Mm, ReclaimHooks};
 use crate::ra_cache::Readahead;
 use crate::reclaim_ctl::ReclaimCtl;
-use crate::size::physical_memory;
+use crate::size::format_bytes;
+use crate::size::{physical_memory, FolioSize};
 use crate::staging::Staging;
 use crate::stats::{Counters, MemoryStat, Stats};
-use crate::swapfile::io::{SwapFile, SwapIo};
+use crate::swapfile::io::{on_demand_dir, SwapFile, SwapIo};
 use crate::swapfile::SwapDevice;
 use crate::tier::Tiers;
 use crate::uffd::{self, OpenError, Uffd};
@@ -64,28 +66,111 @@ fn open_error(e: OpenError) -> Error {
     }
 }
 
+/// The swap file behind the pool, and who asked for it.
+enum SwapTier {
+    Configured(Box<dyn SwapIo>),
+    /// Made by the engine: no swap file was configured (`Config::auto_swap_file`).
+    OnDemand(Box<dyn SwapIo>),
+}
+
+/// A sparse swap file in the first disk-backed temporary directory, as large as twice
+/// the machine's memory or the free space there, whichever is less (it takes disk only
+/// as folios are written). None, said once on stderr, where there is no such directory.
+fn swap_file_on_demand() -> Option<Box<dyn SwapIo>> {
+    let made = match on_demand_dir() {
+        Some((dir, free)) => {
+            let size = free.min(2 * physical_memory()).min(SwapFileSpec::MAX_SIZE);
+            SwapFile::create_sparse(&dir, size).map_err(|e| e.to_string())
+        }
+        None => Err("no writable, disk-backed directory among /var/tmp, $TMPDIR and /tmp (tmpfs is memory)".into()),
+    };
+    match made {
+        Ok(file) => Some(Box::new(file)),
+        Err(why) => {
+            once_on_stderr(format!(
+                "folioswap: no swap file could be made on demand: {why}. Evicted folios go to the compressed pool only; \
+                 set FOLIOSWAP_SWAP_FILE=PATH:SIZE on a disk, or =none to silence this"
+            ));
+            None
+        }
+    }
+}
+
+/// Say, once per process, that memory_high cannot bound data that does not compress.
+fn warn_no_swap_file(config: &Config) {
+    let high = config.memory_high.map(format_bytes).unwrap_or_default();
+    once_on_stderr(format!(
+        "folioswap: no swap file: memory_high={high} bounds resident memory only; the compressed pool grows outside it, \
+         by as much as the data that does not compress (memory.limit_overrun_bytes in the stats)"
+    ));
+}
+
+/// Say `message` once per process; not at all under a launcher that has said it
+/// already (`folioswap run` sets FOLIOSWAP_WARNED for the processes it starts).
+fn once_on_stderr(message: String) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        if !matches!(std::env::var_os("FOLIOSWAP_WARNED").as_deref(), Some(v) if v == "1") {
+            eprintln!("{message}");
+        }
+    });
+}
+
+/// Threads that serve faults at once: the fault threads in thread mode; in signal mode
+/// the faulting threads themselves, counted as one per CPU.
+fn fault_servers(config: &Config) -> usize {
+    match (config.fault_mode, config.fault_threads) {
+        (FaultMode::Thread, n) if n > 0 => n,
+        _ => ncpu(),
+    }
+}
+
+/// Refuse a memory_high that cannot hold two folios of `folio` for every thread serving
+/// faults (one being installed, one on its way out): faults would then have to fail.
+pub(crate) fn check_limit_fits(config: &Config, folio: FolioSize) -> Result<()> {
+    let Some(high) = config.memory_high else { return Ok(()) };
+    let servers = fault_servers(config);
+    let min = 2 * folio.bytes() as u64 * servers as u64;
+    if high >= min {
+        return Ok(());
+    }
+    Err(Error::config(
+        "memory_high",
+        format_bytes(high),
+        format!(
+            "at least {} for {folio} folios with {servers} fault thread{} (two folios per fault thread): raise \
+             memory_high, use smaller folios (folio_size), or fewer fault threads (FOLIOSWAP_FAULT_THREADS)",
+            format_bytes(min),
+            if servers == 1 { "" } else { "s" }
+        ),
+    ))
+}
+
 pub(crate) fn ncpu() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
 impl Engine {
-    /// Start an engine: opens its userfaultfds and its swap file (if configured), and
-    /// starts its reclaim threads (and fault threads in thread mode).
+    /// Start an engine: opens its userfaultfds and its swap file (the configured one, or
+    /// one made on demand: `Config::auto_swap_file`), and starts its reclaim threads (and
+    /// fault threads in thread mode).
     pub fn new(config: Config) -> Result<Engine> {
-        let io: Option<Box<dyn SwapIo>> = match &config.swap_file {
-            Some(spec) => Some(Box::new(SwapFile::create(&spec.path, spec.size).map_err(Error::SwapFile)?)),
+        let tier = match &config.swap_file {
+            Some(spec) => Some(SwapTier::Configured(Box::new(SwapFile::create(&spec.path, spec.size).map_err(Error::SwapFile)?))),
+            None if config.auto_swap_file && config.memory_high.is_some() => swap_file_on_demand().map(SwapTier::OnDemand),
             None => None,
         };
-        Self::start(config, io)
+        Self::start(config, tier)
     }
 
     /// Start an engine whose swap tier is `io` instead of the configured swap file: for
     /// tests that inject faults (`swapfile::io::FaultInjector`) and for other backends.
     pub fn with_swap_io(config: Config, io: Box<dyn SwapIo>) -> Result<Engine> {
-        Self::start(config, Some(io))
+        Self::start(config, Some(SwapTier::Configured(io)))
     }
 
-    fn start(config: Config, io: Option<Box<dyn SwapIo>>) -> Result<Engine> {
+    fn start(config: Config, tier: Option<SwapTier>) -> Result<Engine> {
+        check_limit_fits(&config, config.folio_size)?;
         let mut features = uffd::FEATURE_MOVE
             | uffd::FEATURE_EVENT_REMOVE
             | uffd::FEATURE_EVENT_UNMAP
@@ -99,7 +184,12 @@ impl Engine {
         let reserve = config.memory_high.map(|m| (m / 32).clamp(4 << 20, 32 << 20)).unwrap_or(32 << 20);
         let staging = Staging::new(staging_uffd, reserve as usize).map_err(|e| Error::sys("opening /proc/self/pagemap", e))?;
         let max_pool = config.max_pool.resolve(physical_memory());
-        let mut memcg = MemCg::new(config.memory_high, config.charge_pool);
+        // The pool is charged only where what does not fit can leave memory (a swap file);
+        // without one, charging it would turn incompressible data into a fault that fails.
+        if tier.is_none() && config.memory_high.is_some() {
+            warn_no_swap_file(&config);
+        }
+        let mut memcg = MemCg::new(config.memory_high, config.charge_pool && tier.is_some());
         if let Some(path) = &config.shared_limit {
             memcg = memcg.with_shared(path).map_err(|e| Error::sys(format!("sharing memory_high through {}", path.display()), e))?;
         }
@@ -108,7 +198,11 @@ impl Engine {
         if kick < 0 {
             return Err(Error::sys("eventfd", std::io::Error::last_os_error()));
         }
-        let tiers = Tiers::new(Zswap::new(config.compressor, max_pool), io.map(|io| SwapDevice::new(io, config.slot_cache)), &config);
+        let file = tier.map(|t| match t {
+            SwapTier::Configured(io) => SwapDevice::new(io, config.slot_cache, false),
+            SwapTier::OnDemand(io) => SwapDevice::new(io, config.slot_cache, true),
+        });
+        let tiers = Tiers::new(Zswap::new(config.compressor, max_pool), file, &config);
         let mm = Arc::new(Mm {
             id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
             uffd,
@@ -175,6 +269,17 @@ impl Engine {
         stats(&self.mm)
     }
 
+    /// Hold the engine still: while the guard lives no eviction, pool writeback or
+    /// readahead starts, and those in flight have finished when this returns. Faults are
+    /// still served (charging past memory_high meanwhile), so the counters then move only
+    /// with the program's own accesses: take [`stats`](Engine::stats) under the guard
+    /// for a consistent snapshot (tests, monitoring), and drop it soon.
+    pub fn quiesce(&self) -> Quiesced<'_> {
+        self.mm.memcg.suspend();
+        self.mm.reclaim.quiesce();
+        Quiesced { engine: self }
+    }
+
     /// Give this process's share of a shared limit (`shared_limit`) back, for good: at
     /// exit, so that the processes still running need not wait for it to be noticed dead.
     pub fn leave_shared_limit(&self) {
@@ -202,6 +307,21 @@ fn stats(mm: &Mm) -> Stats {
         managed_bytes: mm.managed_bytes.load(Ordering::Relaxed),
         regions: mm.regions.load(Ordering::Relaxed),
         shared_charged_bytes: mm.memcg.shared().map(|s| s.total().load(Ordering::Relaxed)),
+        limit_overrun_bytes: mm.memcg.note_overrun(pool.footprint_bytes()),
+        limit_overrun_peak_bytes: mm.memcg.overrun_peak(),
     };
     Stats::collect(&mm.counters, memory, mm.tiers.file.as_ref().map(SwapDevice::stat))
+}
+
+/// An engine held still by [`Engine::quiesce`]; dropping it lets reclaim run again.
+#[must_use = "the engine resumes when this is dropped"]
+pub struct Quiesced<'a> {
+    engine: &'a Engine,
+}
+
+impl Drop for Quiesced<'_> {
+    fn drop(&mut self) {
+        self.engine.mm.memcg.resume();
+        self.engine.mm.reclaim.wake_all();
+    }
 }

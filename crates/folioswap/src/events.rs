@@ -178,11 +178,13 @@ fn split_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, 
     let e = table.entry(head);
     let s = e.load();
     let bytes = folio.bytes() as u64;
-    // The folio's data in staging, for Pool and SwapCache folios.
+    // The folio's data in staging, for Pool and SwapCache folios; the charge for it held
+    // until its kept pages are on the LRU.
+    let mut charge = None;
     let staged = match s.kind() {
         Kind::Pool | Kind::Swapped => {
             let handle = e.handle();
-            reserve(mm, bytes).map_err(ApplyError::Charge)?;
+            charge = Some(reserve(mm, bytes).map_err(ApplyError::Charge)?);
             let Taken { slot, from_reserve, huge } = match mm.staging.take_filled(folio.order()) {
                 Ok(taken) => taken,
                 Err(err) => {
@@ -250,6 +252,7 @@ fn split_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, 
     }
     e.set_locked(e.load().with(SPLIT, true));
     drop(gate);
+    drop(charge);
     let sc = mm.counters.size(folio);
     sc.split.inc();
     if folio.is_huge() {

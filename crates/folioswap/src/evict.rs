@@ -62,7 +62,7 @@ struct Member {
 
 /// Evict from the LRU head: one 2 MiB folio, or a batch of smaller ones.
 pub(crate) fn shrink_one(mm: &Mm, scratch: &mut CodecScratch, who: Reclaimer) -> Reclaimed {
-    let Some(_active) = mm.reclaim.begin_eviction(&mm.memcg) else {
+    let Some(_active) = mm.reclaim.begin_work(&mm.memcg) else {
         return Reclaimed::Nothing;
     };
     // 1. Pick.
@@ -165,9 +165,14 @@ fn extend_batch(mm: &Mm, run: &mut Vec<(LruEntry, State)>, folio: FolioSize) {
         let e = v.table.entry(v.page);
         match e.try_lock() {
             Some(s) if v.is_current(s) && !s.has(PENDING) => run.push((v, s)),
-            Some(_) => {
-                // A stale entry (the folio left or came back since): drop it.
+            Some(s) => {
+                // A stale entry (the folio left or came back since) is dropped; a current
+                // one with an event pending goes back, as `pick_victim` does, or the folio
+                // would stay resident and charged with no LRU entry to evict it by.
                 e.unlock();
+                if v.is_current(s) {
+                    mm.lru.requeue(v);
+                }
                 break;
             }
             None => {
@@ -364,6 +369,7 @@ fn finish_eviction(mm: &Mm, m: &Member, folio: FolioSize, result: Result<Vec<Pla
     apply_pending_after_publish(mm, table, head, folio);
     e.unlock();
     release_staged(mm, at, folio, huge);
+    mm.memcg.note_overrun(mm.tiers.pool_bytes());
     Reclaimed::Freed
 }
 
@@ -452,7 +458,7 @@ mod tests {
     /// A folio the pool cannot take is put back where it was, whole: never dropped.
     #[test]
     fn pool_store_failure_keeps_the_folio() {
-        let config = Config::default().memory_high("64M").unwrap().max_pool("128K").unwrap().reclaim_threads(1);
+        let config = Config::default().memory_high("64M").unwrap().max_pool("128K").unwrap().reclaim_threads(1).no_swap_file();
         let engine = Engine::new(config).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
         let mut region = engine.map(1 << 20, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
         // Incompressible data, so every folio needs a raw 64K object: the pool holds two.

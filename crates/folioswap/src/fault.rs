@@ -265,9 +265,10 @@ fn fill_hole(mm: &Mm, table: &Arc<FolioTable>, page: usize) -> Step {
 /// First touch (or the return of an all-zero folio): install the folio zeroed.
 fn fault_zero(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSize, s: State) -> Step {
     let bytes = folio.bytes() as u64;
-    if let Err(oom) = reserve(mm, bytes) {
-        return Step::Fail(FaultError::Charge(oom));
-    }
+    let _charge = match reserve(mm, bytes) {
+        Ok(charge) => charge,
+        Err(oom) => return Step::Fail(FaultError::Charge(oom)),
+    };
     let result = if folio.is_huge() {
         match mm.staging.take_zeroed_huge() {
             Ok(Taken { slot, from_reserve, huge }) => {
@@ -326,9 +327,10 @@ fn fault_swapcache(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: Folio
             mm.staging.put_hole(at.slot);
         })
     } else {
-        if let Err(oom) = reserve(mm, bytes) {
-            return Step::Fail(FaultError::Charge(oom));
-        }
+        let _charge = match reserve(mm, bytes) {
+            Ok(charge) => charge,
+            Err(oom) => return Step::Fail(FaultError::Charge(oom)),
+        };
         let r = install_copy(mm, table, target, folio, mm.staging.staged_addr(at));
         match r {
             Ok(()) => release_staged(mm, at, folio, huge),
@@ -351,9 +353,10 @@ fn fault_swapcache(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: Folio
 /// error, checksum mismatch) fails the fault and keeps the data where it was.
 fn fault_swapin(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSize, s: State) -> Step {
     let bytes = folio.bytes() as u64;
-    if let Err(oom) = reserve(mm, bytes) {
-        return Step::Fail(FaultError::Charge(oom));
-    }
+    let _charge = match reserve(mm, bytes) {
+        Ok(charge) => charge,
+        Err(oom) => return Step::Fail(FaultError::Charge(oom)),
+    };
     let e = table.entry(target);
     let handle = e.handle();
     let Taken { slot, from_reserve, huge } = match mm.staging.take_filled(folio.order()) {

@@ -6,8 +6,9 @@
 //! pages *mapped* at the fork, and a swapped-out folio would read as zeros there.
 //! `Engine::prepare_fork` therefore, for the regions a child inherits
 //! (`RegionOptions::keep_on_fork`; the others are MADV_DONTFORK):
-//! 1. suspends the limit: charges succeed, reclaim stands still, and evictions in
-//!    flight finish (`ReclaimCtl::quiesce`), so that nothing leaves memory from here on;
+//! 1. suspends the limit: charges succeed, reclaim, writeback and readahead stand still,
+//!    and the work in flight finishes (`ReclaimCtl::quiesce`), so that nothing leaves
+//!    memory from here on;
 //! 2. brings every swapped folio (pool, swap file, swap cache) back in, by faulting it
 //!    (MADV_POPULATE_READ) as the program would; untouched and all-zero folios stay
 //!    unmapped, which reads as zeros in both processes;
@@ -50,7 +51,7 @@ impl Engine {
     /// Fork while holding the guard (pthread_atfork's prepare handler is the place).
     pub fn prepare_fork(&self) -> ForkGuard {
         let mm = self.mm();
-        mm.memcg.suspend(true);
+        mm.memcg.suspend();
         mm.reclaim.quiesce();
         swap_in_for_fork(mm);
         ForkGuard { engine: self.clone(), map: ADDRESS_MAP.lock_for_fork() }
@@ -63,7 +64,7 @@ impl ForkGuard {
         let ForkGuard { engine, map } = self;
         drop(map);
         let mm = engine.mm();
-        mm.memcg.suspend(false);
+        mm.memcg.resume();
         mm.reclaim.wake_all();
     }
 

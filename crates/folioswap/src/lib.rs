@@ -71,7 +71,7 @@ mod fork;
 mod region;
 
 pub use config::{Compressor, Config, FaultMode, LruPolicy, SwapFileSpec, ENV_VARS, PRELOAD_VARS};
-pub use engine::Engine;
+pub use engine::{Engine, Quiesced};
 pub use error::{Error, Result};
 pub use fork::ForkGuard;
 pub use region::Region;

@@ -36,10 +36,13 @@ pub(crate) struct MemCg {
     resident: AtomicU64,
     swapcache: AtomicU64,
     staging_free: AtomicU64,
-    /// Set around fork(): charges always succeed, reclaim stands still.
-    suspended: AtomicBool,
+    /// Holders of a suspension (fork, `Engine::quiesce`): while any, charges always
+    /// succeed and reclaim stands still.
+    suspended: AtomicU32,
     /// The charge of every process sharing the limit, if it is shared.
     shared: Option<SharedLimit>,
+    /// The most this process's whole cost has been over the limit (`note_overrun`).
+    overrun_peak: AtomicU64,
 }
 
 impl MemCg {
@@ -60,8 +63,9 @@ impl MemCg {
             resident: AtomicU64::new(0),
             swapcache: AtomicU64::new(0),
             staging_free: AtomicU64::new(0),
-            suspended: AtomicBool::new(false),
+            suspended: AtomicU32::new(0),
             shared: None,
+            overrun_peak: AtomicU64::new(0),
         }
     }
 
@@ -84,12 +88,18 @@ impl MemCg {
         }
     }
 
-    pub fn suspend(&self, on: bool) {
-        self.suspended.store(on, Ordering::SeqCst);
+    /// Suspend the limit until the matching `resume` (suspensions nest).
+    pub fn suspend(&self) {
+        self.suspended.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub fn resume(&self) {
+        let before = self.suspended.fetch_sub(1, Ordering::SeqCst);
+        debug_assert!(before > 0, "resume without suspend");
     }
 
     pub fn is_suspended(&self) -> bool {
-        self.suspended.load(Ordering::SeqCst)
+        self.suspended.load(Ordering::SeqCst) > 0
     }
 
     fn counter(&self, c: Component) -> &AtomicU64 {
@@ -166,6 +176,23 @@ impl MemCg {
 
     pub fn get(&self, c: Component) -> u64 {
         self.counter(c).load(Ordering::Relaxed)
+    }
+
+    /// How far this process's charges plus its pool (charged or not) are over the limit.
+    pub fn overrun(&self, pool_footprint: u64) -> u64 {
+        let cost = self.charged.load(Ordering::Relaxed) + pool_footprint;
+        self.limit.map_or(0, |limit| cost.saturating_sub(limit))
+    }
+
+    /// Record the overrun now in the peak; returns it.
+    pub fn note_overrun(&self, pool_footprint: u64) -> u64 {
+        let now = self.overrun(pool_footprint);
+        self.overrun_peak.fetch_max(now, Ordering::Relaxed);
+        now
+    }
+
+    pub fn overrun_peak(&self) -> u64 {
+        self.overrun_peak.load(Ordering::Relaxed)
     }
 
     pub fn above_high(&self, pool_footprint: u64) -> bool {

@@ -150,6 +150,7 @@ pub(crate) fn readahead_after_fault(mm: &Mm, table: &Arc<FolioTable>, head: usiz
 /// ones, never waiting), decompress the pool's, read the file's in slot order with one
 /// `preadv` per contiguous run, then publish each as CACHED and unlock it.
 fn read_ahead(mm: &Mm, r: &RaRequest) {
+    let Some(_active) = mm.reclaim.begin_work(&mm.memcg) else { return };
     let folio = r.folio;
     let mut staged: Vec<Prepared> = r.folios.iter().filter_map(|(t, h)| prepare_readahead(mm, t, *h, folio)).collect();
     if staged.is_empty() {
@@ -191,15 +192,17 @@ fn read_ahead(mm: &Mm, r: &RaRequest) {
             e.unlock();
             continue;
         }
-        mm.ra.cache.insert(&p.table, p.head, p.slot, p.huge, folio);
-        e.set_locked(p.s.with(CACHED, true));
-        e.unlock();
+        // Counted before the copy can be used (or dropped): hits and waste never
+        // outrun swap_ra, at any instant.
         Tiers::count_load(p.s.kind(), folio, &mm.counters);
         mm.counters.vm.swap_ra.inc();
         p.table.ra.swap_ra.inc();
         if r.stride {
             mm.counters.vm.swap_ra_stride.inc();
         }
+        mm.ra.cache.insert(&p.table, p.head, p.slot, p.huge, folio);
+        e.set_locked(p.s.with(CACHED, true));
+        e.unlock();
     }
 }
 

@@ -5,8 +5,9 @@
 //!   pool's oldest entries back while the pool is over its accept threshold.
 //! - `direct_reclaim`, from a fault whose charge would pass memory_high
 //!   (`charge::reserve`, through `Mm::hooks`): one eviction in the faulting context.
-//! - `shrink_caches`, when neither can free anything: empty the staging reserve and the
-//!   unused readahead copies, which hold charged memory nobody needs now.
+//! - `shrink_caches`, when neither can free anything: empty the staging reserve, the
+//!   unused readahead copies and the pool's free pages, which hold charged memory nobody
+//!   needs now.
 //!
 //! An eviction itself is `evict.rs`; writeback is `writeback.rs`.
 
@@ -76,10 +77,20 @@ pub(crate) fn direct_reclaim(mm: &Mm) -> DirectReclaim {
 }
 
 /// Memory is short and nothing can be evicted: empty the staging reserve, or failing
-/// that drop the unused readahead copies. Returns the bytes freed.
+/// that drop the unused readahead copies, or failing that give the pool's free but
+/// populated pages back (its slack, which counts against memory_high when the pool is
+/// charged). Returns the bytes freed.
 pub(crate) fn shrink_caches(mm: &Mm) -> u64 {
-    match mm.staging.drain_reserve(&mm.memcg) {
-        0 => drain_readahead(mm),
-        freed => freed,
+    let freed = mm.staging.drain_reserve(&mm.memcg);
+    if freed > 0 {
+        return freed;
     }
+    let freed = drain_readahead(mm);
+    if freed > 0 {
+        return freed;
+    }
+    let pool = &mm.tiers.zswap.pool;
+    let before = pool.footprint_bytes();
+    pool.shrink_slack(0);
+    before.saturating_sub(pool.footprint_bytes())
 }

@@ -1,6 +1,6 @@
 //! How faults and reclaimers wait for each other: kswapd's wait queue, the progress
-//! signal that evictions raise as folios leave memory, and the count of evictions under
-//! way that fork waits out. State only; the paths are `reclaim.rs` and `evict.rs`.
+//! signal that evictions raise as folios leave memory, and the count of background work
+//! under way (evictions, writeback, readahead) that fork and `Engine::quiesce` wait out. State only; the paths are `reclaim.rs` and `evict.rs`.
 //!
 //! Both mutexes here are leaves: nothing else is taken while one is held.
 
@@ -18,14 +18,20 @@ pub(crate) struct ReclaimCtl {
     progress_cv: Condvar,
     /// Folios moved out and not yet published (being compressed or written now).
     inflight: AtomicU64,
-    /// Evictions under way (`evict::shrink_one` calls past their start).
+    /// Faults holding a charge for a folio they have not yet installed: what a fault that
+    /// finds memory_high full may wait for (`charge::reserve`).
+    fault_charges: AtomicUsize,
+    /// Threads in `wait_for_progress`: a fault that ends wakes them only if there are any.
+    progress_waiters: AtomicUsize,
+    /// Work under way that moves folios between memory and the tiers on its own accord:
+    /// evictions, pool writeback, readahead (see `begin_work`).
     active: AtomicUsize,
 }
 
-/// One eviction under way; see [`ReclaimCtl::quiesce`].
-pub(crate) struct ActiveEviction<'a>(&'a AtomicUsize);
+/// One piece of background work under way; see [`ReclaimCtl::quiesce`].
+pub(crate) struct Activity<'a>(&'a AtomicUsize);
 
-impl Drop for ActiveEviction<'_> {
+impl Drop for Activity<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
@@ -34,7 +40,8 @@ impl Drop for ActiveEviction<'_> {
 /// What [`ReclaimCtl::wait_for_progress`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Wait {
-    /// Waited (at most 50 ms) for a folio in flight to be published.
+    /// Waited (at most 50 ms) for a folio in flight to be published, or for a fault
+    /// holding a charge to install its folio.
     Waited,
     /// Nothing was in flight: waiting could not help.
     NothingInFlight,
@@ -67,12 +74,13 @@ impl ReclaimCtl {
         self.progress_cv.notify_all();
     }
 
-    /// Start an eviction, unless the limit is suspended (around fork).
-    pub fn begin_eviction(&self, memcg: &MemCg) -> Option<ActiveEviction<'_>> {
+    /// Start an eviction, a writeback or a readahead, unless the limit is suspended
+    /// (around fork, or while the engine is quiesced): then none starts.
+    pub fn begin_work(&self, memcg: &MemCg) -> Option<Activity<'_>> {
         // Counted before the check, so that `quiesce` (suspend, then wait for zero)
         // never misses one that saw the limit still in force.
         self.active.fetch_add(1, Ordering::SeqCst);
-        let guard = ActiveEviction(&self.active);
+        let guard = Activity(&self.active);
         (!memcg.is_suspended()).then_some(guard)
     }
 
@@ -87,8 +95,24 @@ impl ReclaimCtl {
         self.notify_progress();
     }
 
-    /// Wait for the evictions under way to finish. Called with the limit suspended, so
-    /// that no new one starts.
+    /// A fault took a charge for a folio it is about to install.
+    pub fn begin_fault_charge(&self) {
+        self.fault_charges.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The fault has installed its folio (now on the LRU, evictable) or given its charge
+    /// back: wake whoever waits for memory.
+    pub fn end_fault_charge(&self) {
+        // SeqCst with the waiter's two steps: either it sees this charge gone, or this
+        // sees it waiting (the wait is bounded either way).
+        self.fault_charges.fetch_sub(1, Ordering::SeqCst);
+        if self.progress_waiters.load(Ordering::SeqCst) > 0 {
+            self.notify_progress();
+        }
+    }
+
+    /// Wait for the background work under way to finish. Called with the limit
+    /// suspended, so that none starts.
     pub fn quiesce(&self) {
         while self.active.load(Ordering::SeqCst) > 0 || self.inflight.load(Ordering::Acquire) > 0 {
             if self.wait_for_progress() == Wait::NothingInFlight {
@@ -97,14 +121,19 @@ impl ReclaimCtl {
         }
     }
 
-    /// Wait for a folio in flight to be published.
+    /// Wait for a folio in flight to be published, or another fault's charge to settle
+    /// (the caller holds none: a fault waits here only before its own charge).
     pub fn wait_for_progress(&self) -> Wait {
+        self.progress_waiters.fetch_add(1, Ordering::SeqCst);
         let guard = self.progress.lock().unwrap();
-        if self.inflight.load(Ordering::Acquire) == 0 {
-            return Wait::NothingInFlight;
-        }
-        let seen = *guard;
-        let _ = self.progress_cv.wait_timeout_while(guard, Duration::from_millis(50), |p| *p == seen).unwrap();
-        Wait::Waited
+        let waited = if self.inflight.load(Ordering::Acquire) == 0 && self.fault_charges.load(Ordering::SeqCst) == 0 {
+            Wait::NothingInFlight
+        } else {
+            let seen = *guard;
+            let _ = self.progress_cv.wait_timeout_while(guard, Duration::from_millis(50), |p| *p == seen).unwrap();
+            Wait::Waited
+        };
+        self.progress_waiters.fetch_sub(1, Ordering::AcqRel);
+        waited
     }
 }

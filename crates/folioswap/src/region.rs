@@ -9,7 +9,7 @@
 //! storage, and wait for evictions in flight on it to let go.
 
 use crate::addrmap::{MapEntry, ADDRESS_MAP};
-use crate::engine::Engine;
+use crate::engine::{check_limit_fits, Engine};
 use crate::error::{Error, Result};
 use crate::folio::{Kind, CACHED, PENDING, SPLIT, WRITEBACK};
 use crate::mm::Mm;
@@ -57,7 +57,7 @@ impl Engine {
     pub fn map(&self, len: usize, options: RegionOptions) -> Result<Region> {
         let mm = self.mm();
         let folio = options.folio_size.unwrap_or(mm.config.folio_size);
-        // Config::MIN_MEMORY_HIGH holds four folios of the largest size, so any folio size fits.
+        check_limit_fits(&mm.config, folio)?;
         if len == 0 {
             return Err(Error::InvalidRegion("a region must be at least one byte long".into()));
         }

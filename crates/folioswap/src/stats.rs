@@ -303,6 +303,12 @@ pub struct MemoryStat {
     /// With a shared limit (`shared_limit`): what every sharing process has charged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shared_charged_bytes: Option<u64>,
+    /// How far this process's whole cost (what it charges plus the pool, charged or not)
+    /// is over memory_high now: above zero only where the pool is not charged (no swap
+    /// file) or a shared limit was overrun.
+    pub limit_overrun_bytes: u64,
+    /// The most it has been over, as seen after each swap-out.
+    pub limit_overrun_peak_bytes: u64,
 }
 
 /// The swap file: its slots and its I/O.
@@ -317,6 +323,17 @@ pub struct SwapStat {
     pub slots_cached: u64,
     /// Whether the file is read and written with O_DIRECT (else through the page cache).
     pub direct_io: bool,
+    /// Where the file was made: its directory (it has no name) or the path it was
+    /// created at and unlinked from.
+    pub path: Option<String>,
+    /// Its size: what it can hold.
+    pub size_bytes: u64,
+    /// Disk it occupies now (a sparse file grows as folios are written).
+    pub disk_bytes: Option<u64>,
+    /// Made by the engine because none was configured (`auto_swap_file`).
+    pub on_demand: bool,
+    /// The filesystem filled up under it: it takes no more folios.
+    pub disk_full: bool,
     pub io: SwapIoStats,
 }
 

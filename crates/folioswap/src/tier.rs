@@ -172,11 +172,20 @@ pub(crate) struct Tiers {
     pool_folio_bytes: AtomicU64,
     accept_threshold_percent: u64,
     min_compression_ratio: f64,
+    /// With the pool charged to memory_high (and a file behind it): the most of the
+    /// limit the pool may hold, three quarters of it (as the kernel's zswap refuses a
+    /// store over the memcg's zswap.max). Past that, folios go to the file, so that the
+    /// pool (whose footprint writeback cannot always shrink: freed objects leave partly
+    /// used pages) never crowds resident memory out of the limit; writeback starts
+    /// earlier, at half (`needs_writeback`).
+    charged_share: Option<u64>,
 }
 
 impl Tiers {
     pub fn new(zswap: Zswap, file: Option<SwapDevice>, config: &Config) -> Tiers {
+        let charged = config.charge_pool && file.is_some();
         Tiers {
+            charged_share: config.memory_high.filter(|_| charged).map(|high| high / 4 * 3),
             zswap,
             pool_lru: PoolLru::default(),
             file,
@@ -210,6 +219,16 @@ impl Tiers {
             // max_pool=0 with a swap file: the pool is off, as zswap disabled.
             return false;
         }
+        if let Some(share) = self.charged_share {
+            if pool.footprint_bytes() + bytes > share {
+                // Free pages the pool keeps populated for reuse count against the limit
+                // too: give them back before refusing.
+                pool.shrink_slack(0);
+                if pool.footprint_bytes() + bytes > share {
+                    return false;
+                }
+            }
+        }
         if !self.pool_is_full() {
             return true;
         }
@@ -240,7 +259,14 @@ impl Tiers {
         let pool = &self.zswap.pool;
         let footprint = pool.footprint_bytes();
         let over_threshold = self.pool_is_full() && footprint > pool.cap() / 100 * self.accept_threshold_percent;
-        let over_charge = memcg.charge_pool && memcg.limit.is_some_and(|high| footprint > high / 2);
+        let over_charge = memcg.charge_pool
+            && memcg.limit.is_some_and(|high| {
+                if footprint > high / 2 {
+                    // Populated free pages first: writing entries back only adds to them.
+                    pool.shrink_slack(0);
+                }
+                pool.footprint_bytes() > high / 2
+            });
         over_threshold || over_charge
     }
 
@@ -376,9 +402,25 @@ impl Tiers {
 
     fn write_failed(&self, slot: u64, order: u32, err: &std::io::Error, counters: &Counters) {
         counters.vm.swap_write_error.inc();
-        if let Some(dev) = &self.file {
-            dev.mark_bad(slot, order);
+        let Some(dev) = &self.file else { return };
+        if err.raw_os_error() == Some(libc::ENOSPC) && dev.is_on_demand() {
+            // A sparse file (made on demand) whose filesystem filled up: no slot will take
+            // a write now. (A configured file has its space reserved: ENOSPC there is a
+            // fault of that write, handled as any other below.)
+            dev.free(slot, order);
+            if dev.set_disk_full() {
+                let stat = dev.stat();
+                eprintln!(
+                    "folioswap: the swap file in {} ran out of disk space after {} written: the filesystem is full. \
+                     It takes no more folios; what does not fit stays in memory or in the pool. Free disk space, or \
+                     point FOLIOSWAP_SWAP_FILE at a larger disk (PATH:SIZE reserves the space up front)",
+                    stat.path.as_deref().unwrap_or("?"),
+                    crate::size::format_bytes(stat.disk_bytes.unwrap_or(0))
+                );
+            }
+            return;
         }
+        dev.mark_bad(slot, order);
         eprintln!(
             "folioswap: writing {} KiB to swap slot {slot} failed: {err}; the slots are marked bad and the folio stays in memory",
             4 << order

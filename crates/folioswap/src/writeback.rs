@@ -73,6 +73,7 @@ pub(crate) fn writeback_one(mm: &Mm) -> bool {
     if !dev.has_free_slots() {
         return false;
     }
+    let Some(_active) = mm.reclaim.begin_work(&mm.memcg) else { return false };
     let lru = &mm.tiers.pool_lru;
     let mut budget = lru.len();
     while budget > 0 {

@@ -13,8 +13,10 @@ use common::{check, fill, fill_incompressible, run_child_expecting_sigbus};
 
 const MIB: usize = 1 << 20;
 
+/// These tests pin down the engine with the compressed pool alone: no swap file, not
+/// even the one made on demand (`tests/limits.rs` covers that default).
 fn engine(config: Config) -> Engine {
-    Engine::new(config).unwrap_or_else(|e| panic!("cannot start the engine: {e}"))
+    Engine::new(config.no_swap_file()).unwrap_or_else(|e| panic!("cannot start the engine: {e}"))
 }
 
 /// Touch `other` fully so that everything in the engine but `other`'s tail is evicted.

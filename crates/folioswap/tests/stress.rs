@@ -155,6 +155,9 @@ fn stress(mode: FaultMode, compressor: &str, split: bool, swap_file: bool) {
         // Folios that compress less than 8× (most with written cells) go straight to the
         // file; the sparse rest fills the 256K pool, which then writes back.
         config = config.swap_file("/var/tmp", "512M").unwrap().min_compression_ratio("8").unwrap();
+    } else {
+        // The pool alone, as before there was a swap file made on demand.
+        config = config.no_swap_file();
     }
     let engine = Engine::new(config).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
     let regions: Arc<Vec<Tracked>> = Arc::new(

@@ -85,6 +85,15 @@ pub enum DirectIo {
     Off,
 }
 
+/// Whether a new swap file's space is reserved up front.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Space {
+    /// `fallocate`d (or sparse where the filesystem cannot).
+    Reserve,
+    /// Sparse: blocks are allocated as slots are written.
+    Sparse,
+}
+
 /// Why a swap file could not be created.
 #[derive(Debug)]
 pub enum SwapFileError {
@@ -184,6 +193,16 @@ pub trait SwapIo: Send + Sync {
     fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+    /// Where the file was made (the directory, or the path it was created at and
+    /// unlinked from), if the backend is a file.
+    fn location(&self) -> Option<&Path> {
+        None
+    }
+    /// Bytes of disk the backend occupies now (less than its size while a sparse file
+    /// has holes), if known.
+    fn disk_bytes(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The CRC-32C (Castagnoli) of a folio, as stored beside its slot and checked on swap-in.
@@ -252,12 +271,29 @@ impl SwapFile {
 
     /// [`SwapFile::create`], choosing whether direct I/O may be used.
     pub fn create_with(path: &Path, size: u64, direct: DirectIo) -> Result<SwapFile, SwapFileError> {
+        SwapFile::create_inner(path, size, direct, Space::Reserve)
+    }
+
+    /// A sparse swap file of `size` nominal bytes in `dir`: disk space is taken only as
+    /// folios are written (a full filesystem then shows as ENOSPC on a write), so a large
+    /// file costs nothing until it is used. What the engine makes on demand.
+    pub fn create_sparse(dir: &Path, size: u64) -> Result<SwapFile, SwapFileError> {
+        SwapFile::create_inner(dir, size, DirectIo::Auto, Space::Sparse)
+    }
+
+    fn create_inner(path: &Path, size: u64, direct: DirectIo, space: Space) -> Result<SwapFile, SwapFileError> {
         if size < CLUSTER_SIZE {
             return Err(SwapFileError::TooSmall { size });
         }
         let size = size / CLUSTER_SIZE * CLUSTER_SIZE;
         let fd = if path.is_dir() { create_in_dir(path)? } else { create_at_path(path)? };
-        let preallocated = reserve(&fd, path, size)?;
+        let preallocated = match space {
+            Space::Reserve => reserve(&fd, path, size)?,
+            Space::Sparse => {
+                truncate(&fd, path, size)?;
+                false
+            }
+        };
         let mut file = SwapFile {
             fd,
             path: path.to_path_buf(),
@@ -475,6 +511,15 @@ impl SwapIo for SwapFile {
     fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
         Some(self.fd.as_raw_fd())
     }
+    fn location(&self) -> Option<&Path> {
+        Some(&self.path)
+    }
+    fn disk_bytes(&self) -> Option<u64> {
+        // SAFETY: stat is plain old data; all-zero is a valid value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat fills `st` from a descriptor this file owns.
+        (unsafe { libc::fstat(self.fd.as_raw_fd(), &mut st) } == 0).then(|| st.st_blocks as u64 * 512)
+    }
     fn write_at(&self, slot: u64, data: &[u8]) -> io::Result<()> {
         let off = self.offset(slot, data.len())?;
         let start = Instant::now();
@@ -630,22 +675,48 @@ fn reserve(fd: &OwnedFd, path: &Path, size: u64) -> Result<bool, SwapFileError> 
     };
     match err.raw_os_error() {
         Some(libc::ENOSPC) => Err(SwapFileError::NoSpace { path: path.to_path_buf(), size, free: free_space(raw) }),
-        Some(libc::EOPNOTSUPP | libc::ENOSYS) => {
-            // SAFETY: integers only, on a descriptor we own.
-            if unsafe { libc::ftruncate(raw, len) } == 0 {
-                Ok(false)
-            } else {
-                Err(SwapFileError::Io {
-                    what: format!("sizing the swap file at {} (ftruncate)", path.display()),
-                    source: io::Error::last_os_error(),
-                })
-            }
-        }
+        Some(libc::EOPNOTSUPP | libc::ENOSYS) => truncate(fd, path, size).map(|()| false),
         _ => Err(SwapFileError::Io {
             what: format!("reserving {} for the swap file at {} (fallocate)", crate::size::format_bytes(size), path.display()),
             source: err,
         }),
     }
+}
+
+/// Give the file its size without allocating blocks (a sparse file).
+fn truncate(fd: &OwnedFd, path: &Path, size: u64) -> Result<(), SwapFileError> {
+    let sizing = |source| SwapFileError::Io { what: format!("sizing the swap file at {} (ftruncate)", path.display()), source };
+    let len = libc::off_t::try_from(size).map_err(|_| sizing(io::Error::from_raw_os_error(libc::EFBIG)))?;
+    // SAFETY: integers only, on a descriptor we own.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
+        return Err(sizing(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Filesystems that keep their files in memory: a swap file there frees nothing.
+const MEMORY_FILESYSTEMS: [i64; 2] = [0x0102_1994 /* tmpfs */, 0x8584_58f6u32 as i64 /* ramfs */];
+
+/// Where a swap file made on demand goes: the first of `/var/tmp`, `$TMPDIR` and `/tmp`
+/// that is a writable directory on a disk-backed filesystem, with the bytes free there.
+/// None if there is no such directory.
+pub fn on_demand_dir() -> Option<(PathBuf, u64)> {
+    let tmpdir = std::env::var_os("TMPDIR").map(PathBuf::from);
+    let candidates = [Some(PathBuf::from("/var/tmp")), tmpdir, Some(PathBuf::from("/tmp"))];
+    candidates.into_iter().flatten().find_map(|dir| {
+        let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
+        // SAFETY: `c` is a NUL-terminated path; access only reads it.
+        if !dir.is_dir() || unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+            return None;
+        }
+        // SAFETY: statfs is plain old data; all-zero is a valid value.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `c` is a NUL-terminated path and `fs` a live statfs to fill.
+        if unsafe { libc::statfs(c.as_ptr(), &mut fs) } != 0 || MEMORY_FILESYSTEMS.contains(&(fs.f_type as i64)) {
+            return None;
+        }
+        Some((dir, (fs.f_bavail as u64).saturating_mul(fs.f_bsize as u64)))
+    })
 }
 
 /// Bytes an unprivileged user may still allocate on the filesystem of `fd` (0 if unknown).

@@ -15,7 +15,7 @@ use crate::stats::SwapStat;
 use cluster::{SlotCache, SwapMap};
 use io::SwapIo;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
@@ -55,16 +55,40 @@ pub(crate) struct SwapDevice {
     pub io: Box<dyn SwapIo>,
     /// Slots per thread cache (0: no caches).
     cache_batch: usize,
+    /// Made by the engine on demand (no swap file was configured).
+    on_demand: bool,
+    /// The filesystem under a sparse file filled up: it takes no more folios.
+    disk_full: AtomicBool,
     /// Free slots sitting in threads' caches (counted as used by the map).
     cached: Arc<AtomicU64>,
 }
 
 impl SwapDevice {
-    pub fn new(io: Box<dyn SwapIo>, cache_batch: usize) -> SwapDevice {
+    /// A device over `io`; `on_demand`: the engine made the file itself.
+    pub fn new(io: Box<dyn SwapIo>, cache_batch: usize, on_demand: bool) -> SwapDevice {
         // A swapped folio's handle keeps its slot in 32 bits (`tier::SwapHandle`); a
         // larger backend is used up to 2^32 slots (16 TiB).
         let map = Arc::new(SwapMap::new(io.slots().min(1 << 32)));
-        SwapDevice { id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed), map, io, cache_batch, cached: Arc::new(AtomicU64::new(0)) }
+        SwapDevice {
+            id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
+            map,
+            io,
+            cache_batch,
+            on_demand,
+            disk_full: AtomicBool::new(false),
+            cached: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Whether the engine made the file itself (sparse, on demand).
+    pub fn is_on_demand(&self) -> bool {
+        self.on_demand
+    }
+
+    /// A write found the filesystem full (ENOSPC on a sparse file): hand out no more
+    /// slots. Returns whether this call is the one that found it.
+    pub fn set_disk_full(&self) -> bool {
+        !self.disk_full.swap(true, Ordering::Relaxed)
     }
 
     /// Run `f` on this thread's slot cache for this device.
@@ -95,6 +119,9 @@ impl SwapDevice {
 
     /// An aligned run of `1 << order` free slots; order-0 slots come from the thread's cache.
     pub fn alloc(&self, order: u32) -> Option<u64> {
+        if self.disk_full.load(Ordering::Relaxed) {
+            return None;
+        }
         if order == 0 && self.cache_batch > 0 {
             return self.with_cache(|cache| cache.alloc());
         }
@@ -115,7 +142,7 @@ impl SwapDevice {
     }
 
     pub fn has_free_slots(&self) -> bool {
-        self.map.free_slots() > 0
+        !self.disk_full.load(Ordering::Relaxed) && self.map.free_slots() > 0
     }
 
     pub fn stat(&self) -> SwapStat {
@@ -126,6 +153,11 @@ impl SwapDevice {
             slots_bad: self.map.bad_slots(),
             slots_cached: self.cached.load(Ordering::Relaxed),
             direct_io: self.io.is_direct(),
+            path: self.io.location().map(|p| p.display().to_string()),
+            size_bytes: self.map.total_slots() * cluster::SLOT_SIZE,
+            disk_bytes: self.io.disk_bytes(),
+            on_demand: self.on_demand,
+            disk_full: self.disk_full.load(Ordering::Relaxed),
             io: self.io.stats(),
         }
     }
