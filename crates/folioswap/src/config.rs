@@ -149,7 +149,14 @@ impl FromStr for SwapFileSpec {
     /// `PATH:SIZE`, e.g. `/var/tmp/app.swap:8G` or `/var/tmp:8G`.
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let (path, size) = s.rsplit_once(':').ok_or("no :SIZE after the path")?;
-        if path.is_empty() {
+        SwapFileSpec::new(PathBuf::from(path), size)
+    }
+}
+
+impl SwapFileSpec {
+    /// `path` as given (any bytes, `:` included) and a size like `8G`; why not, if not.
+    pub fn new(path: PathBuf, size: &str) -> std::result::Result<Self, String> {
+        if path.as_os_str().is_empty() {
             return Err("the path is empty".into());
         }
         let size = parse_bytes(size).map_err(|e| e.reason)?;
@@ -159,11 +166,9 @@ impl FromStr for SwapFileSpec {
         if size > SwapFileSpec::MAX_SIZE {
             return Err(format!("the size must be at most {}", format_bytes(SwapFileSpec::MAX_SIZE)));
         }
-        Ok(SwapFileSpec { path: PathBuf::from(path), size })
+        Ok(SwapFileSpec { path, size })
     }
-}
 
-impl SwapFileSpec {
     pub const ACCEPTED: &'static str =
         "PATH:SIZE, a file to create or a directory, and a size from 2M to 16T (e.g. /var/tmp:8G); or auto (the default: made on demand), or none";
     /// One 2 MiB cluster.
@@ -275,8 +280,8 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FOLIOSWAP_COMPRESSOR", Compressor::ACCEPTED),
     ("FOLIOSWAP_SPLIT_SWAP", "1/0, true/false, yes/no or on/off"),
     ("FOLIOSWAP_FAULT_MODE", FaultMode::ACCEPTED),
-    ("FOLIOSWAP_FAULT_THREADS", "a thread count, 0 for one per CPU"),
-    ("FOLIOSWAP_RECLAIM_THREADS", "a thread count, 0 for one per CPU"),
+    ("FOLIOSWAP_FAULT_THREADS", "a thread count from 0 (one per CPU) to 1024"),
+    ("FOLIOSWAP_RECLAIM_THREADS", "a thread count from 0 (one per CPU) to 1024"),
     ("FOLIOSWAP_LRU", LruPolicy::ACCEPTED),
     ("FOLIOSWAP_SWAP_FILE", SwapFileSpec::ACCEPTED),
     ("FOLIOSWAP_ACCEPT_THRESHOLD_PERCENT", "a percentage of max_pool from 0 to 100"),
@@ -312,12 +317,7 @@ fn parse_bool(var: &str, value: &str) -> Result<bool> {
 }
 
 fn parse_threads(var: &str, value: &str) -> Result<usize> {
-    value
-        .trim()
-        .parse::<usize>()
-        .ok()
-        .filter(|&n| n <= 1024)
-        .ok_or_else(|| Error::config(var, value, "a thread count from 0 (one per CPU) to 1024"))
+    value.trim().parse::<usize>().ok().filter(|&n| n <= 1024).ok_or_else(|| Error::config(var, value, accepted("FOLIOSWAP_FAULT_THREADS")))
 }
 
 impl Config {
@@ -365,6 +365,8 @@ impl Config {
             "FOLIOSWAP_PAGE_CLUSTER" => self.parse_page_cluster(var, value)?,
             "FOLIOSWAP_RA_STRIDE" => self.ra_stride(parse_bool(var, value)?),
             "FOLIOSWAP_RA_ASYNC" => self.ra_async(parse_bool(var, value)?),
+            // Empty is no path: refused here rather than when the engine cannot open it.
+            "FOLIOSWAP_SHARED_LIMIT" if value.is_empty() => return Err(Error::config(var, value, accepted(var))),
             "FOLIOSWAP_SHARED_LIMIT" => self.shared_limit(value),
             _ => {
                 let known: Vec<&str> = ENV_VARS.iter().map(|(n, _)| *n).collect();
@@ -510,10 +512,14 @@ impl Config {
     }
     /// A swap file behind the pool: `path` is a file to create or a directory to make an
     /// unlinked one in; `size` like `"8G"`.
-    pub fn swap_file(self, path: impl Into<PathBuf>, size: &str) -> Result<Config> {
+    pub fn swap_file(mut self, path: impl Into<PathBuf>, size: &str) -> Result<Config> {
+        // The path is kept as given: through `PATH:SIZE` text a non-UTF-8 path would be
+        // mangled, and a size holding a `:` would move part of it into the path.
         let path = path.into();
-        let value = format!("{}:{size}", path.display());
-        self.parse_swap_file("swap_file", &value)
+        let spec = SwapFileSpec::new(path.clone(), size)
+            .map_err(|e| Error::config("swap_file", format!("{}:{size}", path.display()), format!("{} ({e})", SwapFileSpec::ACCEPTED)))?;
+        self.swap_file = Some(spec);
+        Ok(self)
     }
     /// No swap file at all, not even one made on demand: the pool is the only place
     /// evicted folios go, and memory_high cannot hold for data that does not compress.
@@ -558,6 +564,10 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::size::format_bytes_exact;
+    use proptest::prelude::*;
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
 
     fn vars(list: &[(&str, &str)]) -> Vec<(String, String)> {
         list.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
@@ -639,5 +649,233 @@ mod tests {
         let err = Config::default().folio_size("5M").unwrap_err().to_string();
         assert!(err.starts_with("folio_size="), "{err}");
         assert_eq!(Config::default().memory_high("max").unwrap().memory_high, None);
+    }
+
+    #[test]
+    fn swap_file_builder_keeps_the_path_as_given() {
+        let c = Config::default().swap_file("/var/tmp/a:b", "8G").unwrap();
+        assert_eq!(c.swap_file, Some(SwapFileSpec { path: "/var/tmp/a:b".into(), size: 8 << 30 }));
+        // Once joined as "/var/tmp/x:2M:4M" and split at the last ':': a 4M file at
+        // "/var/tmp/x:2M".
+        let err = Config::default().swap_file("/var/tmp/x", "2M:4M").unwrap_err().to_string();
+        assert!(err.starts_with("swap_file=\"/var/tmp/x:2M:4M\"") && err.contains("unknown suffix"), "{err}");
+        // Once lossily converted to "/var/tmp/\u{FFFD}".
+        let odd = PathBuf::from(OsString::from_vec(b"/var/tmp/\xff".to_vec()));
+        assert_eq!(Config::default().swap_file(odd.clone(), "8G").unwrap().swap_file.unwrap().path, odd);
+        let err = Config::default().swap_file("", "8G").unwrap_err().to_string();
+        assert!(err.contains("path is empty"), "{err}");
+    }
+
+    #[test]
+    fn empty_shared_limit_is_refused() {
+        let err = Config::from_vars(vars(&[("FOLIOSWAP_SHARED_LIMIT", "")])).unwrap_err().to_string();
+        assert!(err.starts_with("FOLIOSWAP_SHARED_LIMIT=\"\"") && err.contains("the path of a file"), "{err}");
+    }
+
+    #[test]
+    fn every_knob_has_a_text_form() {
+        let c = Config::default().swap_file("/var/tmp", "1G").unwrap().shared_limit("/tmp/limit").memory_high("1536M").unwrap();
+        for (var, _) in ENV_VARS {
+            let text = value_text(&c, var);
+            let again = Config::default().set(var, &text).unwrap_or_else(|e| panic!("{var}={text:?}: {e}"));
+            assert_eq!(value_text(&again, var), text, "{var}");
+        }
+    }
+
+    /// The knob `var` of `c` as text that [`Config::set`] reads back as exactly that value.
+    fn value_text(c: &Config, var: &str) -> String {
+        let path = |p: &std::path::Path| p.to_str().expect("UTF-8 paths in these tests").to_string();
+        match var {
+            "FOLIOSWAP_MEMORY_HIGH" => c.memory_high.map(format_bytes_exact).unwrap_or_else(|| "max".into()),
+            "FOLIOSWAP_MAX_POOL" => c.max_pool.to_string(),
+            "FOLIOSWAP_CHARGE_POOL" => c.charge_pool.to_string(),
+            "FOLIOSWAP_FOLIO_SIZE" => c.folio_size.to_string(),
+            "FOLIOSWAP_COMPRESSOR" => c.compressor.to_string(),
+            "FOLIOSWAP_SPLIT_SWAP" => c.split_swap.to_string(),
+            "FOLIOSWAP_FAULT_MODE" => c.fault_mode.to_string(),
+            "FOLIOSWAP_FAULT_THREADS" => c.fault_threads.to_string(),
+            "FOLIOSWAP_RECLAIM_THREADS" => c.reclaim_threads.to_string(),
+            "FOLIOSWAP_LRU" => c.lru.to_string(),
+            "FOLIOSWAP_SWAP_FILE" => c.swap_file.as_ref().map(|f| format!("{}:{}", path(&f.path), f.size)).unwrap_or_default(),
+            "FOLIOSWAP_ACCEPT_THRESHOLD_PERCENT" => c.accept_threshold_percent.to_string(),
+            "FOLIOSWAP_MIN_COMPRESSION_RATIO" => c.min_compression_ratio.to_string(),
+            "FOLIOSWAP_SLOT_CACHE" => c.slot_cache.to_string(),
+            "FOLIOSWAP_VMA_RA_ENABLED" => c.vma_ra_enabled.to_string(),
+            "FOLIOSWAP_PAGE_CLUSTER" => c.page_cluster.to_string(),
+            "FOLIOSWAP_RA_STRIDE" => c.ra_stride.to_string(),
+            "FOLIOSWAP_RA_ASYNC" => c.ra_async.to_string(),
+            "FOLIOSWAP_SHARED_LIMIT" => c.shared_limit.as_deref().map(path).unwrap_or_default(),
+            _ => panic!("value_text does not know {var}: add the new knob here"),
+        }
+    }
+
+    fn json(c: &Config) -> serde_json::Value {
+        serde_json::to_value(c).expect("a config serialises")
+    }
+
+    fn known(var: &str) -> Option<&'static str> {
+        ENV_VARS.iter().find(|(n, _)| *n == var).map(|(_, a)| *a)
+    }
+
+    /// `e` is a configuration error naming `name` (a variable or builder method) and
+    /// `value`, and saying what is accepted: what ENV_VARS lists for `var`, if known.
+    fn assert_config_error(e: &Error, name: &str, value: &str, var: &str) -> std::result::Result<(), TestCaseError> {
+        let Error::Config { var: got_var, value: got_value, accepted } = e else {
+            return Err(TestCaseError::fail(format!("{name}={value:?}: not a configuration error: {e}")));
+        };
+        prop_assert_eq!(got_var, name);
+        prop_assert_eq!(got_value, value);
+        let msg = e.to_string();
+        prop_assert!(msg.contains(name) && msg.contains(&format!("{value:?}")) && msg.contains("expected "), "{}", msg);
+        match known(var) {
+            Some(text) => prop_assert!(
+                accepted.contains(text) || (var == "FOLIOSWAP_MEMORY_HIGH" && accepted.starts_with("at least ")),
+                "{} does not say what {} accepts ({})",
+                msg,
+                var,
+                text
+            ),
+            None => prop_assert!(accepted.contains("a known variable") && accepted.contains("FOLIOSWAP_MEMORY_HIGH"), "{}", msg),
+        }
+        Ok(())
+    }
+
+    /// Values near what the knobs accept (sizes, percentages, numbers, names in any case,
+    /// PATH:SIZE) and arbitrary text.
+    fn any_value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            "[ ]?[0-9]{0,21}(\\.[0-9]{0,4})?[ ]?([kKmMgGtTbB%]|[kKmMgGtT]i?[bB])?[ ]?",
+            "[+-]?[0-9]{0,4}(\\.[0-9]{0,3})?(e[+-]?[0-9])?%{0,2}",
+            "[ ]?(lz4|LZ4|zstd|ZStd|none|NONE|thread|Signal|fifo|FIFO|workingset|max|MAX|on|Off|yes|no|true|FALSE|NaN|inf|-inf)([:-][+-]?[0-9]{1,3})?[ ]?",
+            "[/a-z: .]{0,10}:[0-9]{1,6}[kKmMgGtT]?",
+        ]
+    }
+
+    fn any_var() -> impl Strategy<Value = String> {
+        let names: Vec<String> = ENV_VARS.iter().chain(PRELOAD_VARS).map(|(n, _)| n.to_string()).collect();
+        prop_oneof![
+            6 => prop::sample::select(names),
+            1 => "FOLIOSWAP_[A-Z_]{0,12}",
+            1 => "(folioswap_memory_high|PATH|HOME|FOLIOSWAP)",
+            1 => any::<String>(),
+        ]
+    }
+
+    proptest! {
+        /// Any variable, any value: no panic; an accepted value reads back from its text
+        /// form to the same configuration; a refused one names the variable and the value
+        /// and says what is accepted.
+        #[test]
+        fn set_accepts_or_explains(var in any_var(), value in any_value()) {
+            match Config::default().set(&var, &value) {
+                Ok(c) => {
+                    prop_assert!(known(&var).is_some(), "{}={:?} accepted", var, value);
+                    let text = value_text(&c, &var);
+                    let again = Config::default().set(&var, &text).map_err(|e| {
+                        TestCaseError::fail(format!("{var}={value:?} is accepted, its text form {text:?} is not: {e}"))
+                    })?;
+                    prop_assert_eq!(json(&again), json(&c), "{}={:?} read back from {:?}", var, value, text);
+                }
+                Err(e) => assert_config_error(&e, &var, &value, &var)?,
+            }
+        }
+
+        /// The builder methods taking text accept and refuse exactly what their variables
+        /// do, with the method's name in the error.
+        #[test]
+        fn builders_agree_with_the_variables(value in any_value()) {
+            type Build = fn(Config, &str) -> Result<Config>;
+            let builders: [(&str, &str, Build); 6] = [
+                ("memory_high", "FOLIOSWAP_MEMORY_HIGH", Config::memory_high),
+                ("max_pool", "FOLIOSWAP_MAX_POOL", Config::max_pool),
+                ("folio_size", "FOLIOSWAP_FOLIO_SIZE", Config::folio_size),
+                ("compressor", "FOLIOSWAP_COMPRESSOR", Config::compressor),
+                ("accept_threshold_percent", "FOLIOSWAP_ACCEPT_THRESHOLD_PERCENT", Config::accept_threshold_percent),
+                ("min_compression_ratio", "FOLIOSWAP_MIN_COMPRESSION_RATIO", Config::min_compression_ratio),
+            ];
+            for (method, var, build) in builders {
+                match (build(Config::default(), &value), Config::default().set(var, &value)) {
+                    (Ok(by_method), Ok(by_var)) => prop_assert_eq!(json(&by_method), json(&by_var)),
+                    (Err(by_method), Err(by_var)) => {
+                        assert_config_error(&by_method, method, &value, var)?;
+                        assert_config_error(&by_var, var, &value, var)?;
+                    }
+                    (by_method, by_var) => {
+                        return Err(TestCaseError::fail(format!("{method}({value:?}) gave {by_method:?}, {var} {by_var:?}")));
+                    }
+                }
+            }
+        }
+
+        /// The builder methods taking numbers: in range accepted as given, out of range
+        /// refused naming the method and the number.
+        #[test]
+        fn numeric_builders(bytes in prop_oneof![any::<u64>(), 0u64..(64 << 20)], slots in prop_oneof![any::<usize>(), 0usize..8192], cluster in prop_oneof![any::<u32>(), 0u32..16]) {
+            match Config::default().memory_high_bytes(bytes) {
+                Ok(c) => prop_assert!(bytes >= Config::MIN_MEMORY_HIGH && c.memory_high == Some(bytes)),
+                Err(e) => {
+                    prop_assert!(bytes < Config::MIN_MEMORY_HIGH);
+                    assert_config_error(&e, "memory_high", &bytes.to_string(), "FOLIOSWAP_MEMORY_HIGH")?;
+                }
+            }
+            match Config::default().slot_cache(slots) {
+                Ok(c) => prop_assert!(slots <= 4096 && c.slot_cache == slots),
+                Err(e) => {
+                    prop_assert!(slots > 4096);
+                    assert_config_error(&e, "slot_cache", &slots.to_string(), "FOLIOSWAP_SLOT_CACHE")?;
+                }
+            }
+            match Config::default().page_cluster(cluster) {
+                Ok(c) => prop_assert!(cluster <= Config::MAX_PAGE_CLUSTER && c.page_cluster == cluster),
+                Err(e) => {
+                    prop_assert!(cluster > Config::MAX_PAGE_CLUSTER);
+                    assert_config_error(&e, "page_cluster", &cluster.to_string(), "FOLIOSWAP_PAGE_CLUSTER")?;
+                }
+            }
+        }
+
+        /// swap_file(path, size): any path bytes are kept exactly; the size is checked as
+        /// FOLIOSWAP_SWAP_FILE's is.
+        #[test]
+        fn swap_file_builder(path in prop::collection::vec(any::<u8>(), 0..24), size in any_value()) {
+            let path = PathBuf::from(OsString::from_vec(path));
+            match Config::default().swap_file(path.clone(), &size) {
+                Ok(c) => {
+                    let spec = c.swap_file.expect("a swap file");
+                    prop_assert_eq!(&spec.path, &path);
+                    prop_assert_eq!(spec.size, parse_bytes(&size).unwrap());
+                    prop_assert!((SwapFileSpec::MIN_SIZE..=SwapFileSpec::MAX_SIZE).contains(&spec.size));
+                }
+                Err(e) => {
+                    let value = format!("{}:{size}", path.display());
+                    assert_config_error(&e, "swap_file", &value, "FOLIOSWAP_SWAP_FILE")?;
+                    let size_ok = parse_bytes(&size).is_ok_and(|n| (SwapFileSpec::MIN_SIZE..=SwapFileSpec::MAX_SIZE).contains(&n));
+                    prop_assert!(path.as_os_str().is_empty() || !size_ok, "{}", e);
+                }
+            }
+        }
+
+        /// from_vars skips what is not the engine's and fails on a bad FOLIOSWAP_*
+        /// variable, naming it and its value.
+        #[test]
+        fn from_vars_names_the_bad_variable(list in prop::collection::vec((any_var(), any_value()), 0..6)) {
+            let engine_vars: Vec<&(String, String)> =
+                list.iter().filter(|(n, _)| n.starts_with("FOLIOSWAP_") && !PRELOAD_VARS.iter().any(|(p, _)| *p == n.as_str())).collect();
+            match Config::from_vars(list.clone()) {
+                Ok(c) => {
+                    prop_assert!(engine_vars.iter().all(|(n, v)| Config::default().set(n, v).is_ok()));
+                    if engine_vars.is_empty() {
+                        prop_assert_eq!(json(&c), json(&Config::default()));
+                    }
+                }
+                Err(e) => {
+                    let Error::Config { var, value, .. } = &e else { return Err(TestCaseError::fail(format!("not a configuration error: {e}"))) };
+                    let first_bad = engine_vars.iter().find(|(n, v)| Config::default().set(n, v).is_err());
+                    prop_assert_eq!(first_bad.map(|(n, v)| (n, v)), Some((var, value)));
+                    assert_config_error(&e, var, value, var)?;
+                }
+            }
+        }
     }
 }

@@ -55,7 +55,8 @@ pub fn parse_bytes(input: &str) -> Result<u64, SizeError> {
             n.checked_mul(1u64 << shift).ok_or_else(too_big)
         }
         Some((whole, frac)) => {
-            let whole: u64 = whole.parse().unwrap_or(0);
+            // `.5M`: no whole part. Too many digits must not read as none at all.
+            let whole: u64 = if whole.is_empty() { 0 } else { whole.parse().map_err(|_| too_big())? };
             let frac_digits = frac.len().min(9) as u32;
             let frac_val: u64 = frac[..frac_digits as usize].parse().map_err(|_| too_big())?;
             let unit = 1u128 << shift;
@@ -65,19 +66,41 @@ pub fn parse_bytes(input: &str) -> Result<u64, SizeError> {
     }
 }
 
-/// Format a byte count the way [`parse_bytes`] reads it back, exactly when possible.
+/// Format a byte count the way [`parse_bytes`] reads it back, exactly when possible; else
+/// to a tenth of the largest unit it reaches (`1.5G`), rounded half to even, and never up
+/// past what a `u64` holds (so that the text always parses).
 pub fn format_bytes(bytes: u64) -> String {
-    for (shift, suffix) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+    const UNITS: [(u32, &str); 4] = [(40, "T"), (30, "G"), (20, "M"), (10, "K")];
+    for (shift, suffix) in UNITS {
         if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
             return format!("{}{}", bytes >> shift, suffix);
         }
     }
-    for (shift, suffix) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+    for (shift, suffix) in UNITS {
         if bytes >= 1 << shift {
-            return format!("{:.1}{}", bytes as f64 / (1u64 << shift) as f64, suffix);
+            let unit = 1u128 << shift;
+            let scaled = bytes as u128 * 10;
+            let (mut tenths, rest) = (scaled / unit, scaled % unit);
+            let up = 2 * rest > unit || (2 * rest == unit && tenths % 2 == 1);
+            // parse_bytes reads `W.F` back as W units plus F tenths of one, rounded down.
+            if up && (tenths + 1) * unit / 10 <= u64::MAX as u128 {
+                tenths += 1;
+            }
+            return format!("{}.{}{}", tenths / 10, tenths % 10, suffix);
         }
     }
     format!("{bytes}B")
+}
+
+/// A byte count as [`format_bytes`] writes it when that is exact, else in plain digits:
+/// text that [`parse_bytes`] reads back as exactly `bytes`.
+pub(crate) fn format_bytes_exact(bytes: u64) -> String {
+    let text = format_bytes(bytes);
+    if text.contains('.') {
+        bytes.to_string()
+    } else {
+        text
+    }
 }
 
 /// One of the ten folio sizes the engine swaps as a unit: 4 KiB << order, order 0..=9.
@@ -176,7 +199,7 @@ impl PoolLimit {
 impl fmt::Display for PoolLimit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PoolLimit::Bytes(b) => f.write_str(&format_bytes(*b)),
+            PoolLimit::Bytes(b) => f.write_str(&format_bytes_exact(*b)),
             PoolLimit::Percent(p) => write!(f, "{p}%"),
         }
     }
@@ -193,7 +216,7 @@ impl FromStr for PoolLimit {
             }
             return Ok(PoolLimit::Percent(p));
         }
-        parse_bytes(t).map(PoolLimit::Bytes)
+        parse_bytes(s).map(PoolLimit::Bytes)
     }
 }
 
@@ -276,5 +299,173 @@ mod tests {
             let _ = s.parse::<FolioSize>();
             let _ = s.parse::<PoolLimit>();
         }
+
+        /// Any string, near-miss or not: no panic; an accepted one reads back from its
+        /// display form; a rejected one gets an error quoting it, with a reason.
+        #[test]
+        fn any_size_text_parses_or_names_itself(s in size_text()) {
+            match parse_bytes(&s) {
+                Ok(n) => {
+                    prop_assert_eq!(parse_bytes(&format_bytes_exact(n)).unwrap(), n);
+                    prop_assert_eq!(parse_bytes(&n.to_string()).unwrap(), n);
+                    assert_close(n, &format_bytes(n))?;
+                }
+                Err(e) => assert_names_input(&e, &s)?,
+            }
+            match s.parse::<FolioSize>() {
+                Ok(f) => {
+                    prop_assert_eq!(f.bytes() as u64, parse_bytes(&s).unwrap());
+                    prop_assert_eq!(f.to_string().parse::<FolioSize>().unwrap(), f);
+                    prop_assert_eq!(f.kernel_label(), format!("{}kB", f.bytes() / 1024));
+                }
+                Err(e) => {
+                    assert_names_input(&e, &s)?;
+                    // A size that parses but is no folio size says which ones are.
+                    if parse_bytes(&s).is_ok() {
+                        prop_assert!(e.reason.contains(FolioSize::ACCEPTED), "{}", e);
+                    }
+                }
+            }
+            match s.parse::<PoolLimit>() {
+                Ok(p) => {
+                    prop_assert_eq!(p.to_string().parse::<PoolLimit>().unwrap(), p);
+                    if let PoolLimit::Percent(pct) = p {
+                        prop_assert!(pct > 0.0 && pct <= 100.0);
+                    }
+                }
+                Err(e) => assert_names_input(&e, &s)?,
+            }
+        }
+
+        /// Every byte count formats to text that parses back: exactly when the text has no
+        /// fraction, else to within half a tenth of its unit.
+        #[test]
+        fn every_format_parses_back(n in prop_oneof![any::<u64>(), (u64::MAX - (1 << 40))..=u64::MAX, 0u64..(1 << 22)]) {
+            assert_close(n, &format_bytes(n))?;
+            prop_assert_eq!(parse_bytes(&format_bytes_exact(n)).unwrap(), n);
+        }
+
+        /// Digits, an optional fraction and a suffix read as exactly their value (the
+        /// fraction to nine digits, rounded down to a byte), or "too large" past u64.
+        #[test]
+        fn numbers_read_as_their_value(
+            whole in "[0-9]{0,22}",
+            frac in proptest::option::of("[0-9]{1,12}"),
+            suffix in prop::sample::select(vec![("", 0), ("B", 0), ("k", 10), ("KiB", 10), ("M", 20), ("mb", 20), ("G", 30), ("T", 40), ("tib", 40)]),
+        ) {
+            let text = format!("{whole}{}{}", frac.as_ref().map(|f| format!(".{f}")).unwrap_or_default(), suffix.0);
+            let got = parse_bytes(&text);
+            if whole.is_empty() && frac.is_none() {
+                prop_assert!(got.is_err(), "{:?} read as {:?}", text, got);
+                return Ok(());
+            }
+            let unit = 1u128 << suffix.1;
+            let mut value = whole.parse::<u128>().unwrap_or(0) * unit;
+            if let Some(f) = &frac {
+                let f = &f[..f.len().min(9)];
+                value += f.parse::<u128>().unwrap() * unit / 10u128.pow(f.len() as u32);
+            }
+            match u64::try_from(value) {
+                Ok(v) => prop_assert_eq!(got, Ok(v), "{}", text),
+                Err(_) => prop_assert_eq!(got.map_err(|e| e.reason), Err("too large".to_string()), "{}", text),
+            }
+        }
+
+        #[test]
+        fn percentages_round_trip(p in prop_oneof![0.0f64..=100.0, any::<f64>(), Just(f64::MIN_POSITIVE), Just(100.0)]) {
+            match format!("{p}%").parse::<PoolLimit>() {
+                Ok(limit) => {
+                    prop_assert_eq!(limit, PoolLimit::Percent(p));
+                    prop_assert_eq!(limit.to_string().parse::<PoolLimit>().unwrap(), limit);
+                }
+                Err(e) => {
+                    prop_assert!(!(p > 0.0 && p <= 100.0), "{p}% refused: {e}");
+                    prop_assert!(e.to_string().contains(&format!("{p}%")), "{e}");
+                }
+            }
+        }
+    }
+
+    /// Text near what sizes look like (digits, fractions, suffixes, stray characters and
+    /// spaces) and arbitrary text.
+    fn size_text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            "[ \t]{0,2}[0-9]{0,22}(\\.[0-9]{0,12})?[ ]?([kKmMgGtTbB]|[kKmMgGtT][bB]|[kKmMgGtT]i[bB]|[pPeE%xX.-])?[ \t]{0,2}",
+            "[+-]?[0-9]{0,4}(\\.[0-9]{0,4})?(e[+-]?[0-9]{1,3})? ?%",
+            (0u64..4096, 0u32..10).prop_map(|(n, order)| format!("{}K", (n << order).max(1))),
+            prop::sample::select(vec![
+                "NaN%",
+                "inf%",
+                "-0%",
+                "1e2%",
+                "0.0%",
+                "100.0000001%",
+                ".5M",
+                "5.M",
+                "..",
+                "1.2.3",
+                "\u{a0}4K\u{a0}",
+                "４K"
+            ])
+            .prop_map(String::from),
+        ]
+    }
+
+    /// `text`, written by format_bytes for `n`, parses back to `n`, or near it if it has a
+    /// fraction (a tenth of its unit, rounded to nearest).
+    fn assert_close(n: u64, text: &str) -> Result<(), TestCaseError> {
+        let back = parse_bytes(text).map_err(|e| TestCaseError::fail(format!("{n} formats as {text}, which does not parse: {e}")))?;
+        if !text.contains('.') {
+            prop_assert_eq!(back, n, "{}", text);
+            return Ok(());
+        }
+        let shift = match text.chars().last() {
+            Some('K') => 10,
+            Some('M') => 20,
+            Some('G') => 30,
+            Some('T') => 40,
+            _ => return Err(TestCaseError::fail(format!("{n} formats as {text}: a fraction without a unit"))),
+        };
+        let unit = 1u128 << shift;
+        let error = (back as i128 - n as i128).unsigned_abs();
+        // Within half a tenth (plus the byte parse_bytes rounds down); a whole tenth where
+        // rounding up would have passed u64::MAX.
+        let clamped = back as u128 + unit / 10 + 1 > u64::MAX as u128;
+        let parts = if clamped { 10 } else { 20 };
+        prop_assert!(error * parts <= unit + parts, "{} formats as {}, which reads back as {}", n, text, back);
+        prop_assert!(n >= 1 << shift && (shift == 40 || n >> shift < 1024), "{} formats as {}: the wrong unit", n, text);
+        Ok(())
+    }
+
+    fn assert_names_input(e: &SizeError, input: &str) -> Result<(), TestCaseError> {
+        prop_assert_eq!(&e.input, input);
+        prop_assert!(!e.reason.is_empty());
+        prop_assert!(e.to_string().contains(&format!("{input:?}")), "{}", e);
+        Ok(())
+    }
+
+    #[test]
+    fn fractions_with_huge_whole_parts_are_too_large() {
+        // Once read as 0.5M: the whole part that did not fit was taken for none.
+        let err = parse_bytes("99999999999999999999.5M").unwrap_err();
+        assert_eq!(err.reason, "too large", "{err}");
+        assert_eq!(parse_bytes(".5M").unwrap(), 512 << 10);
+    }
+
+    #[test]
+    fn format_edges() {
+        assert_eq!(format_bytes(0), "0B");
+        assert_eq!(format_bytes(1536), "1.5K");
+        assert_eq!(format_bytes(1500), "1.5K");
+        assert_eq!(format_bytes((1 << 20) - 1), "1024.0K");
+        // Rounded down where rounding up would name more than a u64 holds.
+        assert_eq!(format_bytes(u64::MAX), "16777215.9T");
+        assert!(parse_bytes(&format_bytes(u64::MAX)).is_ok());
+        assert_eq!(format_bytes_exact(1500), "1500");
+        assert_eq!(PoolLimit::Bytes(1500).to_string(), "1500");
+        assert_eq!(PoolLimit::Bytes(256 << 20).to_string(), "256M");
+        assert_eq!(" 20% ".parse::<PoolLimit>().unwrap(), PoolLimit::Percent(20.0));
+        assert_eq!(" 12Q ".parse::<PoolLimit>().unwrap_err().input, " 12Q ");
     }
 }
