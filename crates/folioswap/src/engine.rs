@@ -203,5 +203,5 @@ fn stats(mm: &Mm) -> Stats {
         regions: mm.regions.load(Ordering::Relaxed),
         shared_charged_bytes: mm.memcg.shared().map(|s| s.total().load(Ordering::Relaxed)),
     };
-    Stats::collect(&mm.counters, memory, mm.tiers.file.as_ref().map(SwapDevice::stat))
+    Stats::collect(mm.uffd.mode(), &mm.counters, memory, mm.tiers.file.as_ref().map(SwapDevice::stat))
 }
