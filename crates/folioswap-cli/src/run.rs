@@ -49,7 +49,7 @@ pub struct RunArgs {
     /// of failing.
     #[arg(long)]
     fallback: bool,
-    /// No counters summary on stderr.
+    /// No counters summary (and no user-mode-only notice) on stderr.
     #[arg(long)]
     quiet: bool,
     /// The program and its arguments.
