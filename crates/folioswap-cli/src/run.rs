@@ -7,8 +7,13 @@
 //! (`FOLIOSWAP_SHARED_LIMIT`), and writes its counters there at exit; when the program
 //! is done they are summed and printed (or written as JSON). The exit status is the
 //! program's (128 + N if signal N killed it).
+//!
+//! As an ordinary user (no permission for a full userfaultfd here) the engine runs with
+//! a user-mode-only one; the run says so once on stderr, and libfolioswap.so makes the
+//! buffers of the common I/O calls resident before the kernel copies to or from them
+//! (`crates/folioswap-preload/src/syscalls.rs`).
 
-use folioswap::{format_bytes, parse_bytes, Config, Engine};
+use folioswap::{format_bytes, parse_bytes, Config, Engine, UffdMode};
 use serde_json::{json, Map, Value};
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
@@ -16,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 #[derive(clap::Args)]
-#[command(trailing_var_arg = true)]
+#[command(trailing_var_arg = true, after_help = AS_A_USER)]
 pub struct RunArgs {
     /// Resident memory all processes of the run share, like a cgroup's memory.high
     /// (e.g. 1G); without it nothing is swapped, only counted.
@@ -46,13 +51,22 @@ pub struct RunArgs {
     /// of failing.
     #[arg(long)]
     fallback: bool,
-    /// No counters summary on stderr.
+    /// No counters summary (and no user-mode-only notice) on stderr.
     #[arg(long)]
     quiet: bool,
     /// The program and its arguments.
     #[arg(required = true, value_name = "PROGRAM")]
     command: Vec<OsString>,
 }
+
+const AS_A_USER: &str = "\
+As an ordinary user: where userfaultfd is root-only (vm.unprivileged_userfaultfd=0 and no
+access to /dev/userfaultfd) the engine uses a user-mode-only userfaultfd (Linux 5.11+),
+which sees only the program's own accesses. The library then makes the buffers of read,
+pread, readv, preadv, write, pwrite, writev, pwritev, recv, recvfrom, recvmsg, send,
+sendto, sendmsg, fread and fwrite resident before each call; other system calls that copy
+into or out of swapped-out managed memory (stat, getdents, io_uring, ...) and futexes whose
+page was just evicted fail with EFAULT. See README.md, \"Running as an ordinary user\".";
 
 /// Where libfolioswap.so is: $FOLIOSWAP_LIB, else beside this executable (a cargo target
 /// directory), else in ../lib (an installation).
@@ -97,8 +111,16 @@ pub fn run(args: RunArgs) -> Result<std::process::ExitCode, String> {
     let mut cmd = Command::new(program);
     cmd.args(&args.command[1..]);
     let mut run_dir = None;
-    match find_library().and_then(|lib| Engine::new(config.clone()).map(|_| lib).map_err(|e| e.to_string())) {
-        Ok(lib) => {
+    match find_library().and_then(|lib| Engine::new(config.clone()).map(|e| (lib, e.uffd_mode())).map_err(|e| e.to_string())) {
+        Ok((lib, mode)) => {
+            if mode == UffdMode::UserModeOnly && !args.quiet {
+                eprintln!(
+                    "folioswap: no permission to handle the kernel's faults on userfaultfd here (vm.unprivileged_userfaultfd=0, \
+                     /dev/userfaultfd not accessible): running user-mode-only. read/write/recv/send/fread/fwrite and their \
+                     variants on managed memory are made resident first; other system calls that copy into swapped-out \
+                     memory fail with EFAULT (see \"Running as an ordinary user\" in README.md)"
+                );
+            }
             let dir = tempdir()?;
             let preload = match std::env::var_os("LD_PRELOAD") {
                 Some(old) if !old.is_empty() => {
@@ -231,11 +253,20 @@ fn summarise(report: &Value, config: &Config) {
         n("swap_ra"),
         n("swap_ra_hit")
     );
-    let extra: Vec<String> = ["fork_swapin", "cow_unshare", "memory_high_overrun", "oom_kill", "swap_read_error", "swap_checksum_error"]
-        .iter()
-        .filter(|k| n(k) > 0)
-        .map(|k| format!("{k} {}", n(k)))
-        .collect();
+    let extra: Vec<String> = [
+        "fork_swapin",
+        "cow_unshare",
+        "memory_high_overrun",
+        "oom_kill",
+        "swap_read_error",
+        "swap_checksum_error",
+        "syscall_prefault",
+        "syscall_retry",
+    ]
+    .iter()
+    .filter(|k| n(k) > 0)
+    .map(|k| format!("{k} {}", n(k)))
+    .collect();
     if !extra.is_empty() {
         eprintln!("  {}", extra.join(", "));
     }

@@ -146,6 +146,8 @@ struct RunConfig {
     compressor: String,
     split_swap: bool,
     fault_mode: String,
+    /// The engine's userfaultfd: "full", or "user-mode-only" (an ordinary user).
+    uffd: String,
     lru: String,
     max_pool: String,
     charge_pool: bool,
@@ -464,6 +466,7 @@ pub fn run(args: UsememArgs) -> Result<bool, String> {
             compressor: config.compressor.to_string(),
             split_swap: config.split_swap,
             fault_mode: config.fault_mode.to_string(),
+            uffd: engine.uffd_mode().to_string(),
             lru: config.lru.to_string(),
             max_pool: config.max_pool.to_string(),
             charge_pool: config.charge_pool && stats.swap.is_some(),
@@ -490,7 +493,7 @@ fn print_table(r: &Report) {
     let c = &r.config;
     let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1 << 20) as f64);
     println!(
-        "usemem: {} threads x {}, memory_high {}, folio {}, {} {:?}, {} rounds, {}, fault mode {}, lru {}",
+        "usemem: {} threads x {}, memory_high {}, folio {}, {} {:?}, {} rounds, {}, fault mode {}, uffd {}, lru {}",
         c.threads,
         format_bytes(c.size),
         c.memory_high.map(format_bytes).unwrap_or_else(|| "max".into()),
@@ -500,6 +503,7 @@ fn print_table(r: &Report) {
         c.rounds,
         c.compressor,
         c.fault_mode,
+        c.uffd,
         c.lru
     );
     let mbs = if r.throughput_mb_s >= 10.0 { format!("{:.1}", r.throughput_mb_s) } else { format!("{:.3}", r.throughput_mb_s) };

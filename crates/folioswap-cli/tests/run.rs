@@ -7,6 +7,12 @@
 //!
 //! `folioswap run` preloads libfolioswap.so from next to its own executable: build it with
 //! `cargo build -p folioswap-preload`, or run `cargo test --workspace`, which builds it.
+//!
+//! The tests "as nobody" (root needed) run `folioswap run` and `folioswap bench` as user
+//! nobody, for whom userfaultfd is root-only on most systems: the engine falls back to a
+//! user-mode-only userfaultfd and the library makes I/O buffers resident before the
+//! kernel copies to or from them. They run copies of the binaries from a directory
+//! nobody can reach (`NobodyDir`).
 
 use serde_json::Value;
 use std::ffi::OsStr;
@@ -632,38 +638,209 @@ fn unprivileged_userfaultfd() -> bool {
     sysctl || dev
 }
 
-/// Without userfaultfd permission (the run drops to user nobody), `folioswap run` refuses
-/// with the reason and what to do, and runs the program unmanaged only with --fallback.
-#[test]
-fn no_userfaultfd_permission_fails_clearly_unless_fallback() {
-    let _serial = serial();
-    // SAFETY: geteuid cannot fail.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root, to run folioswap as user nobody");
-    require_tool("setpriv", "no_userfaultfd_permission_fails_clearly_unless_fallback");
-    let as_nobody = |extra: &[&str]| {
-        let mut cmd = Command::new("setpriv");
-        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--", folioswap(), "run", "--memory-high", "64M"])
-            .args(extra)
-            .args(["--", "sh", "-c", "echo ran"])
-            .env("TMPDIR", "/tmp");
-        run_command(cmd, None)
-    };
-    let strict = as_nobody(&[]);
-    let fallback = as_nobody(&["--fallback"]);
-    if unprivileged_userfaultfd() {
-        // Nothing to refuse here: both run managed.
-        strict.assert_success();
-        fallback.assert_success();
-        return;
+// ---- as an ordinary user ---------------------------------------------------------------
+
+/// The user these tests drop to.
+const NOBODY: u32 = 65534;
+
+/// A directory user nobody can use, removed when dropped: root's, mode 0755, on a disk
+/// file system if /var/tmp is one, holding copies of the folioswap binary and
+/// libfolioswap.so (the target directory may lie where nobody cannot reach) and of the
+/// programs to run, and `work/`, owned by nobody, for what the programs write.
+struct NobodyDir {
+    dir: TempDir,
+}
+
+impl NobodyDir {
+    fn new(name: &str) -> NobodyDir {
+        use std::os::unix::fs::PermissionsExt;
+        let var_tmp = Path::new("/var/tmp");
+        let dir = TempDir::new_in(if var_tmp.is_dir() { var_tmp } else { Path::new("/tmp") }, name);
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let nb = NobodyDir { dir };
+        let exe = Path::new(folioswap());
+        let lib = [exe.with_file_name("libfolioswap.so"), exe.with_file_name("deps").join("libfolioswap.so")]
+            .into_iter()
+            .find(|p| p.is_file())
+            .expect("folioswap() checked that the library exists");
+        nb.add(exe);
+        nb.add(&lib);
+        let work = nb.work();
+        fs::create_dir(&work).unwrap();
+        std::os::unix::fs::chown(&work, Some(NOBODY), Some(NOBODY)).unwrap();
+        fs::set_permissions(&work, fs::Permissions::from_mode(0o700)).unwrap();
+        nb
     }
-    assert_eq!(strict.code, 2, "expected exit code 2 without userfaultfd permission\n{}", strict.describe());
-    assert!(!strict.stdout.contains("ran"), "the program ran without --fallback\n{}", strict.describe());
-    assert!(
-        strict.stderr.contains("userfaultfd is not permitted") && strict.stderr.contains("--fallback"),
-        "the error does not say what is missing and what to do\n{}",
-        strict.describe()
-    );
-    fallback.assert_success();
-    assert!(fallback.stdout.contains("ran"), "--fallback did not run the program\n{}", fallback.describe());
-    assert!(fallback.stderr.contains("unmanaged"), "--fallback ran silently\n{}", fallback.describe());
+
+    /// A copy of `file` in the directory, mode 0755.
+    fn add(&self, file: &Path) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let to = self.dir.join(file.file_name().unwrap().to_str().unwrap());
+        fs::copy(file, &to).unwrap_or_else(|e| panic!("cannot copy {} to {}: {e}", file.display(), to.display()));
+        fs::set_permissions(&to, fs::Permissions::from_mode(0o755)).unwrap();
+        to
+    }
+
+    fn work(&self) -> PathBuf {
+        self.dir.join("work")
+    }
+
+    /// `folioswap ARGS` as user nobody (no supplementary groups), in `work/`.
+    fn folioswap<S: AsRef<OsStr>>(&self, args: &[S]) -> Command {
+        let mut cmd = Command::new(self.dir.join("folioswap"));
+        cmd.args(args).uid(NOBODY).gid(NOBODY).current_dir(self.work()).env("TMPDIR", "/tmp");
+        cmd
+    }
+}
+
+fn expected_uffd() -> &'static str {
+    if unprivileged_userfaultfd() {
+        "full"
+    } else {
+        "user-mode-only"
+    }
+}
+
+fn require_root(test: &str) {
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "{test} needs root, to run folioswap as user nobody");
+}
+
+/// As user nobody, where userfaultfd is root-only, `folioswap run` no longer refuses: the
+/// engine falls back to a user-mode-only userfaultfd, the run says so once on stderr
+/// (not with --quiet), and the program runs managed, with or without --fallback.
+#[test]
+fn as_nobody_runs_user_mode_only() {
+    let _serial = serial();
+    require_root("as_nobody_runs_user_mode_only");
+    let nb = NobodyDir::new("nobody");
+    let user_mode_only = expected_uffd() == "user-mode-only";
+    let cases: [&[&str]; 3] = [&[], &["--fallback"], &["--quiet"]];
+    for extra in cases {
+        let mut args = vec!["run", "--memory-high", "64M"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "sh", "-c", "echo ran"]);
+        let run = run_command(nb.folioswap(&args), None);
+        run.assert_success();
+        run.assert_stdout_line("ran");
+        assert!(!run.stderr.contains("unmanaged"), "the program ran unmanaged\n{}", run.describe());
+        let notice = run.stderr.contains("running user-mode-only");
+        let quiet = extra.contains(&"--quiet");
+        assert_eq!(notice, user_mode_only && !quiet, "the user-mode-only notice is wrong\n{}", run.describe());
+    }
+}
+
+/// As user nobody: every I/O call family libfolioswap.so wraps, each on malloc'd memory
+/// swapped out at the time of the call (tests/c/io_calls.c checks it with mincore), in
+/// single calls larger than the library's chunk; everything read is checked and every
+/// copy written compared byte for byte with the source. 64 KiB folios, and 2 MiB ones,
+/// of which a 12 MiB limit holds so few that pages touched for a call are often evicted
+/// again before it (the retries).
+#[test]
+fn io_calls_as_nobody() {
+    let _serial = serial();
+    require_root("io_calls_as_nobody");
+    let nb = NobodyDir::new("io_calls");
+    let prog = nb.add(&test_program("io_calls"));
+    let work = nb.work();
+    let stats = work.join("stats.json");
+    for folio in ["64K", "2M"] {
+        let run = run_command(
+            nb.folioswap(&["run", "--memory-high", "12M", "--folio", folio, "--stats-json", s(&stats), "--", s(&prog), s(&work), "24"]),
+            Some(&stats),
+        );
+        run.assert_success();
+        for family in [
+            "read",
+            "write",
+            "pread/pwrite",
+            "readv/writev/preadv/pwritev",
+            "send/recv",
+            "sendmsg/recvmsg",
+            "sendto/recvfrom",
+            "fread/fwrite",
+        ] {
+            let ok = format!("{family} OK");
+            assert!(run.stdout.lines().any(|l| l.starts_with(&ok)), "{folio}: stdout has no {ok:?} line\n{}", run.describe());
+        }
+        let o_direct = run.stdout.lines().any(|l| l.starts_with("O_DIRECT OK"));
+        assert!(
+            o_direct || (on_tmpfs(&work) && run.stdout.contains("O_DIRECT unsupported")),
+            "{folio}: no O_DIRECT line\n{}",
+            run.describe()
+        );
+        for copy in ["copy", "copy-f"] {
+            assert_same_file(&work.join(copy), &work.join("data"), &|| run.describe());
+        }
+        let per_process = run.stats()["per_process"].as_array().cloned().unwrap_or_default();
+        assert!(!per_process.is_empty(), "{folio}: no process reported\n{}", run.describe());
+        for p in &per_process {
+            assert_eq!(p["stats"]["uffd"], expected_uffd(), "{folio}: the engine's userfaultfd mode\n{}", run.describe());
+        }
+        run.assert_total_positive("zswpout");
+        if expected_uffd() == "user-mode-only" {
+            run.assert_total_positive("syscall_prefault");
+        }
+    }
+}
+
+/// GNU sort as user nobody: it fread()s its input into its big malloc'd buffer, which
+/// is swapped out under the limit (stdio reads straight into it); output compared with
+/// sort run directly.
+#[test]
+fn sort_as_nobody() {
+    let _serial = serial();
+    require_root("sort_as_nobody");
+    require_tool("sort", "sort_as_nobody");
+    let nb = NobodyDir::new("sort");
+    let work = nb.work();
+    let (input, expected, output, stats) =
+        (work.join("input.txt"), work.join("expected.txt"), work.join("output.txt"), work.join("stats.json"));
+    write_lines(&input, 48 << 20);
+    let env = [("LC_ALL", "C")];
+    let reference = direct(&["sort", "-S", "128M", "-T", s(&work), s(&input), "-o", s(&expected)], &env);
+    reference.assert_success();
+    let mut cmd = nb.folioswap(&[
+        "run",
+        "--memory-high",
+        "40M",
+        "--folio",
+        "4K",
+        "--stats-json",
+        s(&stats),
+        "--",
+        "sort",
+        "-S",
+        "128M",
+        "-T",
+        s(&work),
+        s(&input),
+        "-o",
+        s(&output),
+    ]);
+    cmd.envs(env);
+    let run = run_command(cmd, Some(&stats));
+    run.assert_success();
+    assert_same_file(&output, &expected, &|| run.describe());
+    run.assert_total_positive("zswpout");
+    if expected_uffd() == "user-mode-only" {
+        run.assert_total_positive("syscall_prefault");
+    }
+}
+
+/// `folioswap bench usemem` as user nobody: it runs, verifies every word, and its JSON
+/// names the userfaultfd mode (user-mode-only where userfaultfd is root-only).
+#[test]
+fn bench_usemem_as_nobody() {
+    let _serial = serial();
+    require_root("bench_usemem_as_nobody");
+    let nb = NobodyDir::new("bench");
+    let args = ["bench", "usemem", "--threads", "2", "--size", "32M", "--limit", "16M", "--folio", "64K", "--rounds", "2", "--json"];
+    let run = run_command(nb.folioswap(&args), None);
+    run.assert_success();
+    let report: Value = serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("the report is not JSON: {e}\n{}", run.describe()));
+    assert_eq!(report["verified"], true, "{}", run.describe());
+    assert_eq!(report["config"]["uffd"], expected_uffd(), "{}", run.describe());
+    assert_eq!(report["stats"]["uffd"], expected_uffd(), "{}", run.describe());
+    assert!(report["stats"]["zswpout"].as_u64().is_some_and(|n| n > 0), "nothing was swapped out\n{}", run.describe());
 }

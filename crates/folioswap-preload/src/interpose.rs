@@ -14,7 +14,10 @@
 //! - `madvise` THP advice on managed memory is ignored (the folio size decides); the rest
 //!   reaches the kernel, and DONTNEED/FREE/REMOVE reach the engine as userfaultfd events.
 //! - System calls that touch managed memory (read(2) into it, write(2) from it, O_DIRECT,
-//!   futexes) fault inside the kernel and are served like any other fault.
+//!   futexes) fault inside the kernel and are served like any other fault, when the
+//!   engine has a full userfaultfd in thread mode. Otherwise (an ordinary user gets a
+//!   user-mode-only one) the kernel's fault fails the call with EFAULT: `syscalls.rs`
+//!   makes the buffers of the common I/O calls resident first.
 
 use crate::alloc::{__libc_calloc, __libc_free, __libc_malloc, __libc_memalign, __libc_realloc, libc_usable_size};
 use crate::state::{self, Origin, BLOCKS, INTERPOSE, THRESHOLD};

@@ -13,7 +13,11 @@
 //! - `state`: the managed blocks, the engine started on first use, and the process
 //!   lifecycle: fork (the child inherits exactly the parent's memory, `fork.rs` in the
 //!   engine), exit (counters written for `folioswap run`, the shared limit given back);
-//! - `interpose`: the exported libc symbols;
+//! - `interpose`: the exported libc symbols of the allocator and the address space;
+//! - `syscalls`: the exported I/O calls (read, write, recv, send, fread, …), which make
+//!   managed buffers resident before the kernel copies to or from them when the engine
+//!   cannot serve the kernel's own faults (an ordinary user's user-mode-only
+//!   userfaultfd, or signal mode), and pass straight through otherwise;
 //! - `capi`: `folioswap_map` and the rest of the C API.
 //!
 //! Why no recursion and no deadlock: the engine maps its own memory with raw system
@@ -29,6 +33,7 @@ mod alloc;
 mod capi;
 mod interpose;
 mod state;
+mod syscalls;
 
 #[global_allocator]
 static HEAP: alloc::LibcHeap = alloc::LibcHeap;

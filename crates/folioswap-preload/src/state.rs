@@ -121,7 +121,10 @@ impl State {
                 None => Config::from_env()?,
             };
             match within(|| Engine::new(config)) {
-                Ok(e) => self.engine = Some(e),
+                Ok(e) => {
+                    crate::syscalls::engine_started(&e);
+                    self.engine = Some(e);
+                }
                 Err(e) if INTERPOSE.load(Ordering::Relaxed) => {
                     if env_flag("FOLIOSWAP_FALLBACK") == Some(true) {
                         eprintln!("folioswap: {e}; running unmanaged (FOLIOSWAP_FALLBACK)");
@@ -226,6 +229,7 @@ extern "C" fn fork_child() {
             within(|| g.child());
         }
         // The parent's engine and regions are not ours to run or release.
+        crate::syscalls::engine_gone();
         std::mem::forget(state.engine.take());
         for block in state.blocks.values_mut() {
             std::mem::forget(block.region.take());

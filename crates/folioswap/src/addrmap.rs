@@ -57,6 +57,26 @@ impl AddressMap {
         (addr < entry.end).then(|| (entry.clone(), entry.page + (addr - start) / PAGE_SIZE))
     }
 
+    /// Whether a piece whose engine passes `want` overlaps `[start, end)`. Never blocks
+    /// and allocates nothing (a signal handler may ask): `None` when the map is being
+    /// written or a writer waits for it.
+    pub fn try_any_in(&self, start: usize, end: usize, want: impl Fn(&Mm) -> bool) -> Option<bool> {
+        let map = self.map.try_read().ok()?;
+        let first = map.range(..=start).next_back().map(|(&s, _)| s).unwrap_or(start);
+        Some(map.range(first..end).any(|(&s, e)| s < end && e.end > start && want(&e.engine)))
+    }
+
+    /// The pieces overlapping `[start, end)` whose engine passes `want`, clipped to it, in
+    /// address order, with their engine.
+    pub fn ranges_in(&self, start: usize, end: usize, want: impl Fn(&Mm) -> bool) -> Vec<(usize, usize, Arc<Mm>)> {
+        let map = self.map.read().unwrap();
+        let first = map.range(..=start).next_back().map(|(&s, _)| s).unwrap_or(start);
+        map.range(first..end)
+            .filter(|(&s, e)| s < end && e.end > start && want(&e.engine))
+            .map(|(&s, e)| (s.max(start), e.end.min(end), e.engine.clone()))
+            .collect()
+    }
+
     /// The pieces of engine `engine` overlapping `[start, end)`, clipped to it.
     pub fn overlapping(&self, engine: u64, start: usize, end: usize) -> Vec<Affected> {
         let map = self.map.read().unwrap();

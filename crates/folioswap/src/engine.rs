@@ -310,7 +310,7 @@ fn stats(mm: &Mm) -> Stats {
         limit_overrun_bytes: mm.memcg.note_overrun(pool.footprint_bytes()),
         limit_overrun_peak_bytes: mm.memcg.overrun_peak(),
     };
-    Stats::collect(&mm.counters, memory, mm.tiers.file.as_ref().map(SwapDevice::stat))
+    Stats::collect(mm.uffd.mode(), &mm.counters, memory, mm.tiers.file.as_ref().map(SwapDevice::stat))
 }
 
 /// An engine held still by [`Engine::quiesce`]; dropping it lets reclaim run again.

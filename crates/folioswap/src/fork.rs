@@ -9,8 +9,10 @@
 //! 1. suspends the limit: charges succeed, reclaim, writeback and readahead stand still,
 //!    and the work in flight finishes (`ReclaimCtl::quiesce`), so that nothing leaves
 //!    memory from here on;
-//! 2. brings every swapped folio (pool, swap file, swap cache) back in, by faulting it
-//!    (MADV_POPULATE_READ) as the program would; untouched and all-zero folios stay
+//! 2. brings every swapped folio (pool, swap file, swap cache) back in, by serving the
+//!    fault a read would take (`fault::handle_fault`, called directly: no fault is taken,
+//!    so this works with a user-mode-only userfaultfd and in signal mode too, where the
+//!    kernel's MADV_POPULATE_READ fails with EFAULT); untouched and all-zero folios stay
 //!    unmapped, which reads as zeros in both processes;
 //! 3. holds the process-wide address map, so that no thread is inside it while the
 //!    process is copied.
@@ -30,12 +32,13 @@
 
 use crate::addrmap::{MapEntry, ADDRESS_MAP};
 use crate::engine::Engine;
+use crate::fault::{handle_fault, FaultOutcome};
 use crate::folio::{Kind, SPLIT};
 use crate::mm::Mm;
 use crate::size::PAGE_SIZE;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::sync::RwLockWriteGuard;
+use std::sync::{Arc, RwLockWriteGuard};
 
 /// Held from [`Engine::prepare_fork`] until the fork has happened; then call
 /// [`parent`](ForkGuard::parent) in the parent, [`child`](ForkGuard::child) in the child.
@@ -96,7 +99,7 @@ fn raw_fds(mm: &Mm) -> Vec<i32> {
 }
 
 /// Fault back every folio of an inherited region that is not in memory.
-fn swap_in_for_fork(mm: &Mm) {
+fn swap_in_for_fork(mm: &Arc<Mm>) {
     let mut brought = 0;
     for piece in ADDRESS_MAP.overlapping(mm.id, 0, usize::MAX) {
         let table = &piece.table;
@@ -113,11 +116,7 @@ fn swap_in_for_fork(mm: &Mm) {
             let kind = table.entry(if split { page } else { head }).load().kind();
             if matches!(kind, Kind::Pool | Kind::Swapped | Kind::SwapCache) {
                 let addr = piece.addr + (page - piece.page) * PAGE_SIZE;
-                // SAFETY: the range lies in a mapping of this region; POPULATE_READ
-                // faults it in as a read would, and fails (EFAULT) rather than
-                // crash if the program unmapped it meanwhile.
-                if unsafe { crate::sys::madvise(addr as *mut libc::c_void, (next - page) * PAGE_SIZE, crate::sys::MADV_POPULATE_READ) } == 0
-                {
+                if bring_back(mm, addr) {
                     brought += 1;
                 }
             }
@@ -125,4 +124,24 @@ fn swap_in_for_fork(mm: &Mm) {
         }
     }
     mm.counters.vm.fork_swapin.add(brought);
+}
+
+/// Serve here the fault a read at `addr` would take, without taking it: the folio comes
+/// back as it would for the program. (The kernel's MADV_POPULATE_READ would need the
+/// engine to serve a fault the kernel takes, which a user-mode-only userfaultfd or
+/// signal mode never delivers: it fails with EFAULT there, and the child would see
+/// zeros.) A fault that cannot be served is then taken for real, so that it fails as the
+/// program's own access would, with SIGBUS and the reason. `false`: the range was
+/// unmapped meanwhile.
+fn bring_back(mm: &Arc<Mm>, addr: usize) -> bool {
+    match handle_fault(mm, addr) {
+        FaultOutcome::Served => true,
+        FaultOutcome::NotOurs => false,
+        FaultOutcome::Failed(_) => {
+            // SAFETY: `addr` is in a mapped region (the fault was ours); the read faults it
+            // and the engine fails that fault the usual way.
+            unsafe { std::ptr::read_volatile(addr as *const u8) };
+            true
+        }
+    }
 }

@@ -28,7 +28,9 @@
 //!   MOVE/COPY), `charge`, `release`;
 //! - the paths: `readahead`, `events` (DONTNEED/munmap/mremap), `evict`, `writeback`,
 //!   `reclaim` (kswapd, direct reclaim), `fault` (do_swap_page);
-//! - the public face: `engine`, `region`, `fork`.
+//! - the public face: `engine`, `region`, `fork`, `kernel_access` (system calls on
+//!   managed memory when the kernel's faults are not served: user-mode-only
+//!   userfaultfd, signal mode).
 
 mod config;
 mod error;
@@ -68,15 +70,18 @@ mod writeback;
 
 mod engine;
 mod fork;
+mod kernel_access;
 mod region;
 
 pub use config::{Compressor, Config, FaultMode, LruPolicy, SwapFileSpec, ENV_VARS, PRELOAD_VARS};
 pub use engine::{Engine, Quiesced};
 pub use error::{Error, Result};
 pub use fork::ForkGuard;
+pub use kernel_access::{kernel_buffer_probe, prefault_for_kernel, KernelBuffer};
 pub use region::Region;
 pub use region::RegionOptions;
 pub use size::{format_bytes, parse_bytes, physical_memory, FolioSize, PoolLimit, SizeError, HUGE_SIZE, PAGE_SIZE};
 pub use smaps::anon_huge_bytes;
 pub use stats::{Latency, MemoryStat, RegionReadahead, SizeStat, Stats, SwapIoStats, SwapStat, VmStat};
+pub use uffd::UffdMode;
 pub use zswap::{Codec, CodecScratch};

@@ -9,6 +9,7 @@
 
 use crate::size::FolioSize;
 pub use crate::swapfile::io::SwapIoStats;
+use crate::uffd::UffdMode;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -229,6 +230,12 @@ counter_struct!(
         /// had to fault in (and zero) fresh memory.
         staging_reused,
         staging_populated,
+        /// Buffers of system calls made resident before the call, because the engine does
+        /// not serve the kernel's own faults (user-mode-only userfaultfd, or signal mode:
+        /// `kernel_access.rs`), and retries of calls that failed with EFAULT anyway (a page
+        /// evicted in between).
+        syscall_prefault,
+        syscall_retry,
     }
 );
 
@@ -340,6 +347,9 @@ pub struct SwapStat {
 /// A snapshot of everything `Engine::stats()` reports.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Stats {
+    /// The engine's userfaultfd: `full`, or `user-mode-only` (no permission to handle the
+    /// kernel's faults: system calls on swapped-out memory need `prefault_for_kernel`).
+    pub uffd: UffdMode,
     #[serde(flatten)]
     pub vm: VmStat,
     pub memory: MemoryStat,
@@ -354,7 +364,7 @@ pub struct Stats {
 }
 
 impl Stats {
-    pub(crate) fn collect(counters: &Counters, memory: MemoryStat, swap: Option<SwapStat>) -> Stats {
+    pub(crate) fn collect(uffd: UffdMode, counters: &Counters, memory: MemoryStat, swap: Option<SwapStat>) -> Stats {
         let mut per_size = BTreeMap::new();
         let mut fault_latency = BTreeMap::new();
         let mut all = vec![0u64; BUCKETS];
@@ -378,7 +388,7 @@ impl Stats {
                 fault_latency.insert(name.to_string(), lat);
             }
         }
-        Stats { vm: counters.vm.snapshot(), memory, swap, per_size, fault_latency }
+        Stats { uffd, vm: counters.vm.snapshot(), memory, swap, per_size, fault_latency }
     }
 
     /// Per-size counters of one folio size (zeros if it saw no activity).

@@ -8,8 +8,7 @@
 //! with errno set) as the libc functions they replace.
 
 /// `madvise` advice (Linux 5.14+) the libc crate does not name: fault a range in as a
-/// read would, or as a write would (breaking copy on write), without touching it.
-pub(crate) const MADV_POPULATE_READ: i32 = 22;
+/// write would (breaking copy on write), without touching it.
 pub(crate) const MADV_POPULATE_WRITE: i32 = 23;
 
 /// # Safety

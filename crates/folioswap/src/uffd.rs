@@ -10,6 +10,15 @@
 //! events arrive there), and one registered in WP mode on staging areas, which makes them
 //! valid `UFFDIO_MOVE` destinations without turning the engine's own accesses to staging
 //! into userfaults or its own `MADV_DONTNEED`s into events.
+//!
+//! **Who may open one.** The plain `userfaultfd(2)` needs CAP_SYS_PTRACE or
+//! `vm.unprivileged_userfaultfd=1`; `/dev/userfaultfd` (Linux 6.1+) needs access to the
+//! device. Where both are refused, as for an ordinary user on most distributions, a
+//! descriptor opened with `UFFD_USER_MODE_ONLY` (Linux 5.11+) is still allowed: it gets
+//! the faults the program's own instructions take, but a fault the kernel takes while
+//! copying to or from user memory for a system call (read(2) into a missing page, GUP,
+//! O_DIRECT, futexes) fails with EFAULT instead of waiting for the engine. Each [`Uffd`]
+//! records which it got ([`UffdMode`]).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -52,6 +61,10 @@ const EVENT_FORK: u8 = 0x13;
 const EVENT_REMAP: u8 = 0x14;
 const EVENT_REMOVE: u8 = 0x15;
 const EVENT_UNMAP: u8 = 0x16;
+
+/// `userfaultfd(2)` flag (Linux 5.11+): handle only faults taken in user mode. Allowed
+/// without privilege; Debian 12's headers predate it.
+const UFFD_USER_MODE_ONLY: libc::c_int = 1;
 
 const PAGE_IS_HUGE: u64 = 1 << 6;
 const PAGE_IS_PRESENT: u64 = 1 << 3;
@@ -169,9 +182,34 @@ pub enum OpenError {
     MissingFeatures { missing: Vec<&'static str> },
 }
 
+/// Which faults a userfaultfd receives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UffdMode {
+    /// Every fault on a registered range, including those the kernel takes on the
+    /// program's behalf inside system calls (root, CAP_SYS_PTRACE,
+    /// `vm.unprivileged_userfaultfd=1`, or access to `/dev/userfaultfd`).
+    #[default]
+    Full,
+    /// `UFFD_USER_MODE_ONLY`: only faults of the program's own instructions; a system call
+    /// that touches a missing page of a registered range fails with EFAULT. What an
+    /// unprivileged process gets where the other ways are refused.
+    UserModeOnly,
+}
+
+impl std::fmt::Display for UffdMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            UffdMode::Full => "full",
+            UffdMode::UserModeOnly => "user-mode-only",
+        })
+    }
+}
+
 /// An open userfaultfd after the `UFFDIO_API` handshake.
 pub struct Uffd {
     fd: OwnedFd,
+    mode: UffdMode,
 }
 
 const FEATURE_NAMES: &[(u64, &str)] = &[
@@ -183,22 +221,25 @@ const FEATURE_NAMES: &[(u64, &str)] = &[
     (FEATURE_MOVE, "UFFD_FEATURE_MOVE (UFFDIO_MOVE, Linux 6.8+)"),
 ];
 
-fn open_raw() -> Result<OwnedFd, OpenError> {
-    let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+/// `userfaultfd(2)` with `flags`: the new descriptor, or the errno.
+fn syscall_userfaultfd(flags: libc::c_int) -> Result<OwnedFd, i32> {
     // SAFETY: userfaultfd(2) takes only a flags argument and returns a new descriptor or -1.
     let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as RawFd;
-    if fd >= 0 {
-        // SAFETY: the syscall just returned this descriptor and nothing else owns it.
-        return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+    if fd < 0 {
+        return Err(last_errno());
     }
-    let syscall_errno = last_errno();
-    // Without vm.unprivileged_userfaultfd, /dev/userfaultfd (Linux 6.1+) still hands out
-    // descriptors to whoever may open it.
+    // SAFETY: the syscall just returned this descriptor and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A new userfaultfd through `/dev/userfaultfd` (Linux 6.1+), which hands them to whoever
+/// may open the device, whatever `vm.unprivileged_userfaultfd` says.
+fn dev_userfaultfd(flags: libc::c_int) -> Result<OwnedFd, i32> {
     let path = c"/dev/userfaultfd";
     // SAFETY: `path` is a NUL-terminated string literal; open returns a descriptor or -1.
     let dev = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     if dev < 0 {
-        return Err(OpenError::Unavailable { errno: syscall_errno });
+        return Err(last_errno());
     }
     // SAFETY: `dev` is an open descriptor we own; the ioctl takes the new fd's flags by value.
     let fd = unsafe { libc::ioctl(dev, USERFAULTFD_IOC_NEW as _, flags) };
@@ -206,16 +247,35 @@ fn open_raw() -> Result<OwnedFd, OpenError> {
     // SAFETY: `dev` is ours and no longer needed.
     unsafe { libc::close(dev) };
     if fd < 0 {
-        return Err(OpenError::Unavailable { errno });
+        return Err(errno);
     }
     // SAFETY: the ioctl returned a fresh descriptor owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// A new userfaultfd, full if this process may have one, else user-mode-only. The
+/// error, if even that fails, is the plain syscall's (it names the permission missing).
+fn open_raw() -> Result<(OwnedFd, UffdMode), OpenError> {
+    let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+    let syscall_errno = match syscall_userfaultfd(flags) {
+        Ok(fd) => return Ok((fd, UffdMode::Full)),
+        Err(errno) => errno,
+    };
+    if let Ok(fd) = dev_userfaultfd(flags) {
+        return Ok((fd, UffdMode::Full));
+    }
+    if matches!(syscall_errno, libc::EPERM | libc::EACCES) {
+        if let Ok(fd) = syscall_userfaultfd(flags | UFFD_USER_MODE_ONLY) {
+            return Ok((fd, UffdMode::UserModeOnly));
+        }
+    }
+    Err(OpenError::Unavailable { errno: syscall_errno })
+}
+
 impl Uffd {
     /// The features this kernel offers (a throwaway descriptor answers `UFFDIO_API` with 0).
     pub fn available_features() -> Result<u64, OpenError> {
-        let fd = open_raw()?;
+        let (fd, _) = open_raw()?;
         let mut api = UffdioApi { api: UFFD_API, features: 0, ioctls: 0 };
         // SAFETY: `api` is a properly laid out struct uffdio_api that outlives the call.
         if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, &mut api) } != 0 {
@@ -232,17 +292,22 @@ impl Uffd {
         if !missing.is_empty() {
             return Err(OpenError::MissingFeatures { missing });
         }
-        let fd = open_raw()?;
+        let (fd, mode) = open_raw()?;
         let mut api = UffdioApi { api: UFFD_API, features, ioctls: 0 };
         // SAFETY: as above; the kernel fills `api` in place.
         if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, &mut api) } != 0 {
             return Err(OpenError::Unavailable { errno: last_errno() });
         }
-        Ok(Uffd { fd })
+        Ok(Uffd { fd, mode })
     }
 
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// Whether this descriptor also gets the faults the kernel takes inside system calls.
+    pub fn mode(&self) -> UffdMode {
+        self.mode
     }
 
     /// Register `[start, start + len)` (page aligned) in `mode`.

@@ -3,7 +3,7 @@
 //! pages are shared copy on write with the child. And several processes' engines sharing
 //! one limit (`shared_limit`).
 
-use folioswap::{Config, Engine, Region, RegionOptions};
+use folioswap::{Config, Engine, FaultMode, Region, RegionOptions};
 
 mod common;
 use common::{check, fill};
@@ -35,7 +35,11 @@ fn wait_child(pid: libc::pid_t) -> i32 {
 }
 
 fn fork_sees_everything(folio: &str) {
-    let e = engine(Config::default().memory_high("32M").unwrap());
+    fork_sees_everything_in(folio, FaultMode::Thread);
+}
+
+fn fork_sees_everything_in(folio: &str, mode: FaultMode) {
+    let e = engine(Config::default().memory_high("32M").unwrap().fault_mode(mode));
     let options = RegionOptions::default().folio_size(folio).unwrap().keep_on_fork(true);
     let mut a = e.map(48 * MIB, options.clone()).unwrap();
     let mut b = e.map(48 * MIB, options).unwrap();
@@ -84,6 +88,14 @@ fn forked_child_sees_swapped_memory_64k() {
 #[test]
 fn forked_child_sees_swapped_memory_2m() {
     fork_sees_everything("2M");
+}
+
+/// In signal mode the kernel cannot take a fault on the engine's behalf (it would get
+/// EFAULT, as MADV_POPULATE_READ did), so prepare_fork serves the swapped folios' faults
+/// itself.
+#[test]
+fn forked_child_sees_swapped_memory_signal_mode() {
+    fork_sees_everything_in("64K", FaultMode::Signal);
 }
 
 #[test]

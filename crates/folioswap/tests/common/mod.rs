@@ -42,3 +42,72 @@ pub fn run_child_expecting_sigbus(name: &str) -> String {
     assert_eq!(out.status.signal(), Some(libc::SIGBUS), "{name} should die of SIGBUS: {:?}\n{stderr}", out.status);
     stderr
 }
+
+/// The user tests drop to: nobody.
+pub const NOBODY: u32 = 65534;
+
+/// Whether a process of an ordinary user gets a full userfaultfd here anyway
+/// (`vm.unprivileged_userfaultfd=1`, or a world-accessible /dev/userfaultfd); otherwise
+/// it gets a user-mode-only one.
+pub fn unprivileged_full_userfaultfd() -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let sysctl = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").map(|v| v.trim() == "1").unwrap_or(false);
+    let dev = std::fs::metadata("/dev/userfaultfd").map(|m| m.permissions().mode() & 0o006 == 0o006).unwrap_or(false);
+    sysctl || dev
+}
+
+/// Run `f` in a forked child process as user nobody and wait for it; a panic in the child
+/// fails the caller with the child's panic message. The caller must be root and should
+/// hold a lock that keeps the other tests of its binary from running meanwhile (a fork
+/// copies only the calling thread, and locks other threads hold stay held in the child).
+///
+/// The child drops its groups, gid and uid, then marks itself dumpable again: a process
+/// that changed its credentials becomes undumpable, which makes its own /proc/self files
+/// root's, and the engine reads /proc/self/pagemap.
+pub fn as_nobody(f: impl FnOnce()) {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root, to drop to user nobody");
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into `fds`.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0, "pipe2: {}", std::io::Error::last_os_error());
+    let (rd, wr) = (fds[0], fds[1]);
+    // SAFETY: the child runs `f` and leaves with _exit, never returning into the test harness.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let report = move |text: &str| {
+            // SAFETY: write(2) of a live buffer to the pipe this child owns.
+            unsafe { libc::write(wr, text.as_ptr().cast(), text.len()) };
+        };
+        std::panic::set_hook(Box::new(move |info| report(&info.to_string())));
+        // SAFETY: credential changes of this (single-threaded) child only; results checked.
+        let dropped = unsafe {
+            libc::setgroups(0, std::ptr::null()) == 0
+                && libc::setgid(NOBODY) == 0
+                && libc::setuid(NOBODY) == 0
+                && libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) == 0
+        };
+        let ok = dropped && std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_ok();
+        if !dropped {
+            report(&format!("cannot become user nobody: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: ends the child at once, running no destructor of the parent's state.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    // SAFETY: `wr` is ours and not needed in the parent; `rd` becomes a File that closes it.
+    let mut pipe = unsafe {
+        libc::close(wr);
+        std::fs::File::from_raw_fd(rd)
+    };
+    let mut message = String::new();
+    let _ = pipe.read_to_string(&mut message);
+    let mut status = 0;
+    // SAFETY: waits for our own child; `status` is a valid out pointer.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid, "waitpid: {}", std::io::Error::last_os_error());
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child running as nobody failed (status {status:#x}): {message}"
+    );
+}
