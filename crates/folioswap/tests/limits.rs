@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 mod common;
-use common::fill_incompressible;
+use common::{check_incompressible, fill_incompressible};
 
 const MIB: usize = 1 << 20;
 
@@ -40,22 +40,22 @@ fn word(r: usize, round: u64, j: usize) -> u64 {
 /// checking every word.
 fn writer(region: &Region, r: usize, rounds: u64, random: bool) -> Result<(), String> {
     let words = region.len() / 8;
-    let per_page = (256 << 10) / 8;
+    let per_block = (256 << 10) / 8;
     let base = region.as_ptr() as *mut u64;
-    let pages = words / per_page;
+    let blocks = words / per_block;
     for round in 0..rounds {
-        let order: Vec<usize> = if random { permutation(pages, round * 7 + r as u64 + 1) } else { (0..pages).collect() };
+        let order: Vec<usize> = if random { permutation(blocks, round * 7 + r as u64 + 1) } else { (0..blocks).collect() };
         for &p in &order {
-            for j in p * per_page..(p + 1) * per_page {
+            for j in p * per_block..(p + 1) * per_block {
                 // SAFETY: `j` < words: inside the region, which outlives this call; this
                 // writer is the only one touching its region.
                 unsafe { base.add(j).write_volatile(word(r, round, j)) };
             }
         }
     }
-    let order: Vec<usize> = if random { permutation(pages, 99 + r as u64) } else { (0..pages).collect() };
+    let order: Vec<usize> = if random { permutation(blocks, 99 + r as u64) } else { (0..blocks).collect() };
     for &p in &order {
-        for j in p * per_page..(p + 1) * per_page {
+        for j in p * per_block..(p + 1) * per_block {
             // SAFETY: as above.
             let got = unsafe { base.add(j).read_volatile() };
             if got != word(r, rounds - 1, j) {
@@ -180,15 +180,7 @@ fn child_writes_incompressible_data_with_defaults() {
     let engine = Engine::new(Config::default().memory_high("32M").unwrap()).unwrap();
     let mut r = engine.map(128 * MIB, RegionOptions::default()).unwrap();
     fill_incompressible(&mut r);
-    // The same sequence again, compared as it is generated: every word is verified
-    // without holding a second copy.
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    for (j, w) in r.as_slice().chunks(8).enumerate() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        assert_eq!(u64::from_le_bytes(w.try_into().unwrap()), x, "word {j}");
-    }
+    check_incompressible(&r);
     let s = engine.stats();
     let swap = s.swap.as_ref().expect("a swap file was made on demand");
     assert!(s.vm.pswpout > 0, "incompressible folios go to the file: {:?}", s.vm);
@@ -217,6 +209,7 @@ fn child_writes_incompressible_data_without_a_swap_file() {
         let engine = Engine::new(Config::default().memory_high("16M").unwrap().set("FOLIOSWAP_SWAP_FILE", "none").unwrap()).unwrap();
         let mut r = engine.map(48 * MIB, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
         fill_incompressible(&mut r);
+        check_incompressible(&r);
         let s = engine.stats();
         assert!(s.swap.is_none());
         println!("OVERRUN_PEAK {}", s.memory.limit_overrun_peak_bytes);

@@ -29,6 +29,18 @@ pub fn fill_incompressible(region: &mut Region) {
     }
 }
 
+/// Check every word `fill_incompressible` wrote, regenerating the sequence as it goes
+/// (no second copy is held).
+pub fn check_incompressible(region: &Region) {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for (j, w) in region.as_slice().chunks(8).enumerate() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        assert_eq!(u64::from_le_bytes(w.try_into().unwrap()), x, "word {j} of a {} region", region.folio_size());
+    }
+}
+
 /// Run the ignored test `name` of this test binary in a child process that must die of
 /// SIGBUS; returns its stderr.
 pub fn run_child_expecting_sigbus(name: &str) -> String {
