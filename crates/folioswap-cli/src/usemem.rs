@@ -148,6 +148,8 @@ struct RunConfig {
     fault_mode: String,
     /// The engine's userfaultfd: "full", or "user-mode-only" (an ordinary user).
     uffd: String,
+    /// "move" (UFFDIO_MOVE) or "copy" (UFFDIO_COPY: kernels before 6.8, or FOLIOSWAP_UFFD_MOVE=0).
+    install: String,
     lru: String,
     max_pool: String,
     charge_pool: bool,
@@ -467,6 +469,7 @@ pub fn run(args: UsememArgs) -> Result<bool, String> {
             split_swap: config.split_swap,
             fault_mode: config.fault_mode.to_string(),
             uffd: engine.uffd_mode().to_string(),
+            install: engine.install_mode().to_string(),
             lru: config.lru.to_string(),
             max_pool: config.max_pool.to_string(),
             charge_pool: config.charge_pool && stats.swap.is_some(),
@@ -493,7 +496,7 @@ fn print_table(r: &Report) {
     let c = &r.config;
     let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1 << 20) as f64);
     println!(
-        "usemem: {} threads x {}, memory_high {}, folio {}, {} {:?}, {} rounds, {}, fault mode {}, uffd {}, lru {}",
+        "usemem: {} threads x {}, memory_high {}, folio {}, {} {:?}, {} rounds, {}, fault mode {}, uffd {} ({}), lru {}",
         c.threads,
         format_bytes(c.size),
         c.memory_high.map(format_bytes).unwrap_or_else(|| "max".into()),
@@ -504,6 +507,7 @@ fn print_table(r: &Report) {
         c.compressor,
         c.fault_mode,
         c.uffd,
+        c.install,
         c.lru
     );
     let mbs = if r.throughput_mb_s >= 10.0 { format!("{:.1}", r.throughput_mb_s) } else { format!("{:.3}", r.throughput_mb_s) };

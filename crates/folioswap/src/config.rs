@@ -199,6 +199,11 @@ pub struct Config {
     /// THP swap (seed 000's "before"): the baseline every benchmark compares against.
     pub split_swap: bool,
     pub fault_mode: FaultMode,
+    /// Move pages with `UFFDIO_MOVE` where the kernel has it (6.8+; the default). Off, or
+    /// on an older kernel, the engine installs by `UFFDIO_COPY` and evicts by
+    /// write-protect, copy and `MADV_DONTNEED` (`InstallMode::Copy`); `Engine::stats()`
+    /// says which it uses (`install`).
+    pub uffd_move: bool,
     /// Fault threads in thread mode; 0 means one per CPU.
     pub fault_threads: usize,
     /// Background reclaim (kswapd) threads, which also compress; 0 means one per CPU.
@@ -254,6 +259,7 @@ impl Default for Config {
             compressor: Compressor::Lz4,
             split_swap: false,
             fault_mode: FaultMode::Thread,
+            uffd_move: true,
             fault_threads: 0,
             reclaim_threads: 0,
             lru: LruPolicy::Workingset,
@@ -280,6 +286,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FOLIOSWAP_COMPRESSOR", Compressor::ACCEPTED),
     ("FOLIOSWAP_SPLIT_SWAP", "1/0, true/false, yes/no or on/off"),
     ("FOLIOSWAP_FAULT_MODE", FaultMode::ACCEPTED),
+    ("FOLIOSWAP_UFFD_MOVE", "1/0, true/false, yes/no or on/off (1: UFFDIO_MOVE where the kernel has it; 0: UFFDIO_COPY always)"),
     ("FOLIOSWAP_FAULT_THREADS", "a thread count from 0 (one per CPU) to 1024"),
     ("FOLIOSWAP_RECLAIM_THREADS", "a thread count from 0 (one per CPU) to 1024"),
     ("FOLIOSWAP_LRU", LruPolicy::ACCEPTED),
@@ -351,6 +358,7 @@ impl Config {
                 let mode = value.parse().map_err(|_| Error::config(var, value, FaultMode::ACCEPTED))?;
                 self.fault_mode(mode)
             }
+            "FOLIOSWAP_UFFD_MOVE" => self.uffd_move(parse_bool(var, value)?),
             "FOLIOSWAP_FAULT_THREADS" => self.fault_threads(parse_threads(var, value)?),
             "FOLIOSWAP_RECLAIM_THREADS" => self.reclaim_threads(parse_threads(var, value)?),
             "FOLIOSWAP_LRU" => {
@@ -496,6 +504,11 @@ impl Config {
     }
     pub fn fault_mode(mut self, mode: FaultMode) -> Config {
         self.fault_mode = mode;
+        self
+    }
+    /// `false`: install by UFFDIO_COPY even where the kernel has UFFDIO_MOVE.
+    pub fn uffd_move(mut self, on: bool) -> Config {
+        self.uffd_move = on;
         self
     }
     pub fn fault_threads(mut self, n: usize) -> Config {

@@ -13,6 +13,7 @@ use crate::gate::kick;
 use crate::lru::Lru;
 use crate::memcg::{Component, MemCg};
 use crate::mm::{Mm, ReclaimHooks};
+use crate::own_zaps::OwnZaps;
 use crate::ra_cache::Readahead;
 use crate::reclaim_ctl::ReclaimCtl;
 use crate::size::format_bytes;
@@ -22,7 +23,7 @@ use crate::stats::{Counters, MemoryStat, Stats};
 use crate::swapfile::io::{on_demand_dir, SwapFile, SwapIo};
 use crate::swapfile::SwapDevice;
 use crate::tier::Tiers;
-use crate::uffd::{self, OpenError, Uffd};
+use crate::uffd::{self, InstallMode, OpenError, Uffd};
 use crate::zswap::Zswap;
 use std::collections::VecDeque;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -171,16 +172,21 @@ impl Engine {
 
     fn start(config: Config, tier: Option<SwapTier>) -> Result<Engine> {
         check_limit_fits(&config, config.folio_size)?;
-        let mut features = uffd::FEATURE_MOVE
-            | uffd::FEATURE_EVENT_REMOVE
-            | uffd::FEATURE_EVENT_UNMAP
-            | uffd::FEATURE_EVENT_REMAP
-            | uffd::FEATURE_THREAD_ID;
+        // UFFDIO_MOVE where the kernel has it (6.8+) and the configuration allows it;
+        // otherwise every install is a COPY and evictions copy out (`InstallMode::Copy`).
+        let install = if config.uffd_move && Uffd::available_features().map_err(open_error)? & uffd::FEATURE_MOVE != 0 {
+            InstallMode::Move
+        } else {
+            InstallMode::Copy
+        };
+        let move_feature = if install == InstallMode::Move { uffd::FEATURE_MOVE } else { 0 };
+        let mut features =
+            move_feature | uffd::FEATURE_EVENT_REMOVE | uffd::FEATURE_EVENT_UNMAP | uffd::FEATURE_EVENT_REMAP | uffd::FEATURE_THREAD_ID;
         if config.fault_mode == FaultMode::Signal {
             features |= uffd::FEATURE_SIGBUS;
         }
         let uffd = Uffd::open(features).map_err(open_error)?;
-        let staging_uffd = Uffd::open(uffd::FEATURE_MOVE).map_err(open_error)?;
+        let staging_uffd = Uffd::open(move_feature).map_err(open_error)?;
         let reserve = config.memory_high.map(|m| (m / 32).clamp(4 << 20, 32 << 20)).unwrap_or(32 << 20);
         let staging = Staging::new(staging_uffd, reserve as usize).map_err(|e| Error::sys("opening /proc/self/pagemap", e))?;
         let max_pool = config.max_pool.resolve(physical_memory());
@@ -206,6 +212,8 @@ impl Engine {
         let mm = Arc::new(Mm {
             id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
             uffd,
+            install,
+            own_zaps: OwnZaps::default(),
             staging,
             tiers,
             memcg,
@@ -249,11 +257,20 @@ impl Engine {
         for i in 0..servers {
             spawn(format!("fsw-fault{i}"), crate::fault::fault_thread, &mut threads)?;
         }
+        if mm.install == InstallMode::Copy {
+            spawn("fsw-zapread".to_string(), crate::gate::read_for_own_zaps, &mut threads)?;
+        }
         if mm.config.page_cluster > 0 && mm.config.ra_async {
             spawn("fsw-readahead".to_string(), crate::readahead::ra_worker, &mut threads)?;
         }
         let life = Arc::new(Lifetime { mm: mm.clone(), threads: Mutex::new(threads) });
         Ok(Engine { mm, _life: life })
+    }
+
+    /// How this engine puts pages into regions and takes them out: `Move` where the
+    /// kernel has UFFDIO_MOVE (6.8+) and `uffd_move` is on, else `Copy`.
+    pub fn install_mode(&self) -> InstallMode {
+        self.mm.install
     }
 
     pub fn config(&self) -> &Config {
@@ -310,7 +327,7 @@ fn stats(mm: &Mm) -> Stats {
         limit_overrun_bytes: mm.memcg.note_overrun(pool.footprint_bytes()),
         limit_overrun_peak_bytes: mm.memcg.overrun_peak(),
     };
-    Stats::collect(mm.uffd.mode(), &mm.counters, memory, mm.tiers.file.as_ref().map(SwapDevice::stat))
+    Stats::collect(mm.uffd.mode(), mm.install, &mm.counters, memory, mm.tiers.file.as_ref().map(SwapDevice::stat))
 }
 
 /// An engine held still by [`Engine::quiesce`]; dropping it lets reclaim run again.

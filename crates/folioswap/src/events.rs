@@ -27,6 +27,7 @@ use crate::size::{FolioSize, PAGE_SIZE};
 use crate::staging::{Staged, Taken};
 use crate::table::FolioTable;
 use crate::tier::LoadError;
+use crate::uffd::InstallMode;
 use std::fmt;
 use std::sync::Arc;
 
@@ -311,7 +312,11 @@ fn move_split_pages<'m>(
                 let dst = run.addr + (i - (run.page - head)) * PAGE_SIZE;
                 let (src, len) = (base + i * PAGE_SIZE, (j - i) * PAGE_SIZE);
                 let mut done = 0;
-                let halt = transfer(mm, Transfer::MoveIn { wake: true }, dst, src, len, &mut done, &mut always_retry);
+                let how = match mm.install {
+                    InstallMode::Move => Transfer::MoveIn { wake: true },
+                    InstallMode::Copy => Transfer::CopyIn { wake: true },
+                };
+                let halt = transfer(mm, how, dst, src, len, &mut done, &mut always_retry);
                 let moved_now = done.min(len) / PAGE_SIZE;
                 moved[i..i + moved_now].iter_mut().for_each(|m| *m = true);
                 match halt {

@@ -23,11 +23,13 @@ use crate::install::{install_copy, install_slot, transfer, wake_folio, HaltReaso
 use crate::lru::LruEntry;
 use crate::memcg::Component;
 use crate::mm::{Mm, Reclaimed};
+use crate::own_zaps::programs_pieces;
 use crate::release::{release_after_install, release_staged};
 use crate::size::{FolioSize, HUGE_SIZE, PAGE_SIZE};
 use crate::staging::{Slot, Staged};
 use crate::table::FolioTable;
 use crate::tier::{Placed, SwapOutError, WriteBatch};
+use crate::uffd::InstallMode;
 use crate::zswap::CodecScratch;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -91,7 +93,11 @@ pub(crate) fn shrink_one(mm: &Mm, scratch: &mut CodecScratch, who: Reclaimer) ->
         }
     };
     let (table, head) = (run[0].0.table.clone(), run[0].0.page);
-    if let Err(err) = move_out(mm, &table, head, folio, run.len(), slot) {
+    let out = match mm.install {
+        InstallMode::Move => move_out(mm, &table, head, folio, run.len(), slot),
+        InstallMode::Copy => copy_out(mm, &table, head, folio, run.len(), slot),
+    };
+    if let Err(err) = out {
         mm.staging.put_hole(slot);
         unlock_run(mm, run, err == MoveOutError::TryLater);
         return Reclaimed::Busy;
@@ -228,6 +234,75 @@ fn move_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
             Err(MoveOutError::Failed)
         }
     }
+}
+
+/// Copy mode's `move_out`, for kernels without UFFDIO_MOVE: copy `count` consecutive
+/// folios out into `slot`, then zap them from the region, losing no write made meanwhile.
+/// 1. Under the gate: write-protect the run (a write from now on waits in a userfault),
+///    check that every page is mapped (a read of a missing page would fault to this
+///    engine while the caller holds the folios' locks), and copy it out through the
+///    kernel (`process_vm_readv`: a page unmapped meanwhile ends the copy short instead
+///    of killing the process).
+/// 2. Without the gate (the zap's REMOVE events must be read, under the gate, before the
+///    kernel zaps): `MADV_DONTNEED` the run, with the zap registered in `own_zaps` so
+///    that its events are not taken for the program's.
+/// 3. A REMOVE of the program's inside the run, read while the zap ran, came after the
+///    copy: zero those pages in the copy, as the program asked.
+///
+/// A write that waited on the protection faults again on the zapped page and is served
+/// once the folio is published. Before the zap every failure lifts the protection and
+/// gives the run back untouched.
+fn copy_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: usize, slot: Slot) -> Result<(), MoveOutError> {
+    let len = count * folio.bytes();
+    let dst = mm.staging.addr(slot);
+    let addr = {
+        let _gate = mm.gate.read().unwrap();
+        if (0..count).any(|i| table.entry(head + i * folio.pages()).load().has(PENDING)) {
+            return Err(MoveOutError::TryLater);
+        }
+        let Some(addr) = table.folio_addr(head, count * folio.pages()) else {
+            return Err(MoveOutError::TryLater);
+        };
+        if let Err(err) = mm.uffd.writeprotect(addr, len, true) {
+            // EAGAIN: an event is queued; ENOENT/EINVAL: the range changed under us.
+            return match err.errno {
+                libc::EAGAIN | libc::ENOENT | libc::EINVAL | libc::EFAULT => Err(MoveOutError::TryLater),
+                _ => {
+                    eprintln!("folioswap: write-protecting {len} bytes at {addr:#x} for eviction failed: {err}");
+                    Err(MoveOutError::Failed)
+                }
+            };
+        }
+        // SAFETY: `dst` is the slot this eviction owns, `len` bytes of staging memory no
+        // reference points into.
+        let copied = mm.staging.all_mapped(addr, len) && unsafe { crate::sys::read_own_memory(dst, addr, len) } == len;
+        if !copied {
+            let _ = mm.uffd.writeprotect(addr, len, false);
+            mm.staging.discard_slot(slot);
+            return Err(MoveOutError::TryLater);
+        }
+        addr
+    };
+    let ticket = mm.own_zaps.begin(addr, addr + len);
+    // SAFETY: the run is copied out and write-protected: its contents may go. A part
+    // the program unmapped meanwhile (ENOMEM) is skipped by the kernel.
+    let zapped = unsafe { crate::sys::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) } == 0;
+    let errno = std::io::Error::last_os_error().raw_os_error();
+    // The kernel let the zap go on as soon as its events were read; whoever read them
+    // holds the gate until it has handed them to `own_zaps`.
+    drop(mm.gate.read().unwrap());
+    let pieces = mm.own_zaps.finish(ticket);
+    if !zapped && errno != Some(libc::ENOMEM) {
+        // The kernel would not zap it (an mlock'ed range, say): pages it kept stay
+        // write-protected until a write to one lifts it (`fault::fill_hole`); the copy
+        // is what they hold, so the eviction goes on.
+        eprintln!("folioswap: zapping {len} bytes at {addr:#x} after copying them out failed: {}", std::io::Error::last_os_error());
+    }
+    for (start, end) in programs_pieces(addr, pieces) {
+        // SAFETY: inside the slot this eviction owns; nothing else references it.
+        unsafe { std::ptr::write_bytes((dst + (start - addr)) as *mut u8, 0, end - start) };
+    }
+    Ok(())
 }
 
 /// Undo the first `done` bytes of a `move_out`.
@@ -425,16 +500,18 @@ fn put_back(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, at:
         install_slot(mm, table, head, folio, at.slot).map(|how| {
             mm.memcg.transfer(Component::SwapCache, Component::Resident, bytes);
             release_after_install(mm, at.slot, how, huge);
+            how.thp(huge)
         })
     } else {
         install_copy(mm, table, head, folio, mm.staging.staged_addr(at)).map(|()| {
             mm.memcg.charge(Component::Resident, bytes);
             release_staged(mm, at, folio, huge);
+            false
         })
     };
     match installed {
-        Ok(()) => {
-            let next = e.set_locked(s.with_kind(Kind::Resident).with(WRITEBACK, false).with(HUGE, huge).next_gen());
+        Ok(thp) => {
+            let next = e.set_locked(s.with_kind(Kind::Resident).with(WRITEBACK, false).with(HUGE, thp).next_gen());
             mm.lru.push(table.clone(), head, folio, next.gen(), false);
             // A fault may be waiting (it found WRITEBACK and asked for the folio).
             wake_folio(mm, table, head, folio);

@@ -33,7 +33,7 @@ use crate::config::LruPolicy;
 use crate::events::{apply_pending_locked, ApplyError};
 use crate::folio::{Kind, State, CACHED, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
 use crate::gate::{pump_events, read_messages};
-use crate::install::{install_copy, install_move, install_slot, install_zero, wake_folio, zero_page, InstallError, Installed};
+use crate::install::{install_copy, install_slot, install_zero, wake_folio, zero_page, InstallError, Installed};
 use crate::memcg::Component;
 use crate::mm::Mm;
 use crate::readahead::{install_readahead, readahead_after_fault};
@@ -42,6 +42,7 @@ use crate::size::{FolioSize, PAGE_SIZE};
 use crate::staging::{Staged, Taken};
 use crate::table::FolioTable;
 use crate::tier::{LoadError, Tiers};
+use crate::uffd::InstallMode;
 use std::fmt;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
@@ -250,6 +251,11 @@ fn fill_hole(mm: &Mm, table: &Arc<FolioTable>, page: usize) -> Step {
         Ok(()) => {}
         Err(e) if e.is(libc::EEXIST) => {
             mm.counters.vm.fault_raced.inc();
+            if mm.install == InstallMode::Copy {
+                // A write that met a copy-out's write protection: the eviction gave the
+                // folio up (or kept pages it could not zap), so lift it; this wakes too.
+                let _ = mm.uffd.writeprotect(addr, PAGE_SIZE, false);
+            }
             mm.uffd.wake(addr, PAGE_SIZE);
         }
         Err(e) if e.is(libc::EAGAIN) => {
@@ -280,7 +286,7 @@ fn fault_zero(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSize,
                     Ok(Installed::Moved) => mm.staging.put_hole(slot),
                     _ => mm.staging.put_filled(slot, huge, &mm.memcg),
                 }
-                r.map(|_| huge).map_err(FaultError::Install)
+                r.map(|how| how.thp(huge)).map_err(FaultError::Install)
             }
             Err(err) => Err(FaultError::Staging(err)),
         }
@@ -322,9 +328,10 @@ fn fault_swapcache(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: Folio
     let bytes = folio.bytes() as u64;
     let huge = s.has(HUGE);
     let installed = if folio.is_huge() {
-        install_move(mm, table, target, folio, at.slot).map(|()| {
+        install_slot(mm, table, target, folio, at.slot).map(|how| {
             mm.memcg.transfer(Component::SwapCache, Component::Resident, bytes);
-            mm.staging.put_hole(at.slot);
+            release_after_install(mm, at.slot, how, huge);
+            how.thp(huge)
         })
     } else {
         let _charge = match reserve(mm, bytes) {
@@ -336,11 +343,11 @@ fn fault_swapcache(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: Folio
             Ok(()) => release_staged(mm, at, folio, huge),
             Err(_) => mm.memcg.uncharge(Component::Resident, bytes),
         }
-        r
+        r.map(|()| false)
     };
     match installed {
-        Ok(()) => {
-            now_resident(mm, table, target, folio, s, huge, true);
+        Ok(thp) => {
+            now_resident(mm, table, target, folio, s, thp, true);
             mm.counters.vm.swapcache_hit.inc();
             Step::Done(folio)
         }
@@ -383,7 +390,7 @@ fn fault_swapin(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSiz
         Ok(how) => {
             mm.tiers.free(s.kind(), handle, folio);
             release_after_install(mm, slot, how, huge);
-            let huge = huge && folio.is_huge();
+            let huge = how.thp(huge) && folio.is_huge();
             now_resident(mm, table, target, folio, s, huge, true);
             mm.counters.vm.pgmajfault.inc();
             Tiers::count_load(s.kind(), folio, &mm.counters);

@@ -68,10 +68,39 @@ pub(crate) fn pump_events(mm: &Mm) {
     std::thread::yield_now();
 }
 
+/// Copy mode: read the userfaultfd whenever one of the engine's own zaps is in flight
+/// (`own_zaps.rs`), since the zapping thread waits until its REMOVE events are read and
+/// every fault thread may be waiting for a folio that thread holds. Faults read here are
+/// handed to the fault threads; this thread takes no folio lock.
+pub(crate) fn read_for_own_zaps(mm: Arc<Mm>) {
+    let mut fd = libc::pollfd { fd: mm.uffd.raw_fd(), events: libc::POLLIN, revents: 0 };
+    while !mm.stop.load(std::sync::atomic::Ordering::Acquire) {
+        if !mm.own_zaps.wait_busy(std::time::Duration::from_millis(100)) {
+            continue;
+        }
+        // SAFETY: `fd` is one valid pollfd that outlives the call.
+        if unsafe { libc::poll(&mut fd, 1, 10) } <= 0 {
+            continue;
+        }
+        let mut deferred = Vec::new();
+        while let Some(fault) = read_messages(&mm) {
+            deferred.push(fault);
+        }
+        if !deferred.is_empty() {
+            mm.deferred_faults.lock().unwrap().extend(deferred);
+            kick(&mm);
+        }
+    }
+}
+
 /// Record an event just read. Called with the gate held exclusively.
 fn mark_event(mm: &Mm, msg: Msg) {
     match msg {
         Msg::Remove { start, end } => {
+            if mm.own_zaps.claim(start, end) {
+                // Raised by the engine's own zap (copy-mode eviction): not the program's.
+                return;
+            }
             mm.counters.vm.uffd_remove.inc();
             for a in ADDRESS_MAP.overlapping(mm.id, start, end) {
                 mark(mm, &a.table, a.page, a.pages, EventKind::Remove);

@@ -25,8 +25,10 @@ use crate::mm::Mm;
 use crate::size::{FolioSize, PAGE_SIZE};
 use crate::staging::Slot;
 use crate::table::FolioTable;
+use crate::uffd::InstallMode;
 use crate::uffd::IoctlError;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Zeros to copy from for first touches of folios up to 1 MiB (2 MiB ones are moved in
 /// from a kernel-zeroed THP instead).
@@ -37,8 +39,8 @@ static ZERO: [u8; 1 << 20] = [0; 1 << 20];
 pub(crate) enum Transfer {
     /// UFFDIO_MOVE of staging pages into a region; `wake` wakes threads waiting there.
     MoveIn { wake: bool },
-    /// UFFDIO_COPY into a region.
-    CopyIn,
+    /// UFFDIO_COPY into a region; `wake` wakes threads waiting there.
+    CopyIn { wake: bool },
     /// UFFDIO_MOVE of a region's pages out into a staging slot (eviction).
     MoveOut,
 }
@@ -79,7 +81,7 @@ pub(crate) fn transfer(
         let (d, s, n) = (dst + *done, src + *done, len - *done);
         let result = match how {
             Transfer::MoveIn { wake } => mm.uffd.move_pages(d, s, n, wake),
-            Transfer::CopyIn => mm.uffd.copy(d, s as *const u8, n, false),
+            Transfer::CopyIn { wake } => mm.uffd.copy(d, s as *const u8, n, wake),
             Transfer::MoveOut => mm.staging.uffd().move_pages(d, s, n, false),
         };
         let Err(err) = result else {
@@ -90,9 +92,9 @@ pub(crate) fn transfer(
         let halt = |why| Err(Halt { done: *done, why });
         let errno = err.errno;
         match (errno, how) {
-            (libc::EEXIST, Transfer::CopyIn) => *done += PAGE_SIZE,
+            (libc::EEXIST, Transfer::CopyIn { .. }) => *done += PAGE_SIZE,
             (libc::EEXIST, _) if mm.staging.moved_anyway(dst + *done, src + *done) => *done += PAGE_SIZE,
-            (libc::EAGAIN, Transfer::MoveIn { .. } | Transfer::CopyIn) => return halt(HaltReason::EventQueued),
+            (libc::EAGAIN, Transfer::MoveIn { .. } | Transfer::CopyIn { .. }) => return halt(HaltReason::EventQueued),
             (libc::EBUSY, _) | (libc::EAGAIN, Transfer::MoveOut) => {
                 busy_times = if busy_at == *done { busy_times + 1 } else { 0 };
                 busy_at = *done;
@@ -121,6 +123,20 @@ pub(crate) enum Installed {
     Moved,
     /// The slot's contents were copied: the slot still holds its pages, for reuse.
     Copied,
+    /// Copied (copy mode), then made one THP by MADV_COLLAPSE.
+    Collapsed,
+}
+
+impl Installed {
+    /// Whether the folio is one THP in the region now, given whether its staging slot
+    /// held one.
+    pub fn thp(self, staged_huge: bool) -> bool {
+        match self {
+            Installed::Moved => staged_huge,
+            Installed::Copied => false,
+            Installed::Collapsed => true,
+        }
+    }
 }
 
 /// Why an install did not happen.
@@ -149,22 +165,57 @@ impl fmt::Display for InstallError {
 /// as THPs); smaller ones are copied: a MOVE clears the source PTEs and so flushes the
 /// TLB of every CPU the process runs on, an inter-processor interrupt that is a VM exit
 /// here, while COPY leaves the slot mapped and filled for the next decompression, at
-/// about 1 µs per 4 KiB.
+/// about 1 µs per 4 KiB. In copy mode a 2 MiB folio is copied too (as 4 KiB pages, all
+/// UFFDIO_COPY makes) and then collapsed into a THP.
 pub(crate) fn install_slot(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, slot: Slot) -> Result<Installed, InstallError> {
     if !folio.is_huge() {
         return install_copy(mm, table, head, folio, mm.staging.addr(slot)).map(|()| Installed::Copied);
     }
+    if mm.install == InstallMode::Copy {
+        install_copy(mm, table, head, folio, mm.staging.addr(slot))?;
+        return Ok(if collapse(mm, table, head, folio) { Installed::Collapsed } else { Installed::Copied });
+    }
     install_move(mm, table, head, folio, slot).map(|()| Installed::Moved)
 }
 
+/// Make the 2 MiB folio at `head`, just copied in as 4 KiB pages, one THP with
+/// MADV_COLLAPSE (Linux 6.1+; where the kernel refuses the advice it is not asked again).
+/// Under the gate with no event pending, so the range is the folio's; the kernel itself
+/// refuses a range with a missing or write-protected page of a userfaultfd region, so
+/// a collapse never fills a hole the program made.
+fn collapse(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize) -> bool {
+    static UNSUPPORTED: AtomicBool = AtomicBool::new(false);
+    if UNSUPPORTED.load(Ordering::Relaxed) {
+        return false;
+    }
+    let _gate = mm.gate.read().unwrap();
+    if table.entry(head).load().has(PENDING) {
+        return false;
+    }
+    let Some(addr) = table.folio_addr(head, folio.pages()) else {
+        return false;
+    };
+    // SAFETY: the range is the folio's, resident and locked by the caller; COLLAPSE
+    // changes how it is mapped, not what it holds.
+    if unsafe { crate::sys::madvise(addr as *mut libc::c_void, folio.bytes(), crate::sys::MADV_COLLAPSE) } == 0 {
+        mm.counters.vm.thp_collapse_alloc.inc();
+        return true;
+    }
+    if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+        UNSUPPORTED.store(true, Ordering::Relaxed);
+    }
+    mm.counters.vm.thp_collapse_alloc_failed.inc();
+    false
+}
+
 /// Move the folio's pages from `slot` into the region.
-pub(crate) fn install_move(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, slot: Slot) -> Result<(), InstallError> {
+fn install_move(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, slot: Slot) -> Result<(), InstallError> {
     install(mm, table, head, folio, Transfer::MoveIn { wake: false }, mm.staging.addr(slot))
 }
 
 /// Copy `folio.bytes()` from `src` into the folio's place.
 pub(crate) fn install_copy(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, src: usize) -> Result<(), InstallError> {
-    install(mm, table, head, folio, Transfer::CopyIn, src)
+    install(mm, table, head, folio, Transfer::CopyIn { wake: false }, src)
 }
 
 /// Copy zeros into a folio's place (folios below 2 MiB): one UFFDIO_COPY.
@@ -183,11 +234,12 @@ pub(crate) fn zero_page() -> *const u8 {
 /// anything moved (once part of a folio is in, the rest must follow; an event marked
 /// meanwhile is applied after, by whoever locks the folio next).
 fn install(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, how: Transfer, src: usize) -> Result<(), InstallError> {
-    let (op, len) = (if how == Transfer::CopyIn { "UFFDIO_COPY" } else { "UFFDIO_MOVE" }, folio.bytes());
+    let copy = matches!(how, Transfer::CopyIn { .. });
+    let (op, len) = (if copy { "UFFDIO_COPY" } else { "UFFDIO_MOVE" }, folio.bytes());
     let mut done = 0;
     loop {
         let gate = mm.gate.read().unwrap();
-        if (done == 0 || how == Transfer::CopyIn) && table.entry(head).load().has(PENDING) {
+        if (done == 0 || copy) && table.entry(head).load().has(PENDING) {
             return Err(InstallError::Pending);
         }
         let Some(addr) = table.folio_addr(head, folio.pages()) else {

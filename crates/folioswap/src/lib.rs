@@ -21,7 +21,7 @@
 //!   `config`, `error`, `stats` (counters under the kernel's names);
 //! - state, no behaviour beyond its own invariants: `folio` (the state machine),
 //!   `ra_window`, `table` (a region's folio table), `memcg` (charges and watermarks),
-//!   `staging`, `lru`, `reclaim_ctl`, `event_queue`, `ra_cache`, `zswap/` (the pool),
+//!   `staging`, `lru`, `reclaim_ctl`, `event_queue`, `own_zaps`, `ra_cache`, `zswap/` (the pool),
 //!   `swapfile/` (the swap file), `tier` (the tiers behind one face);
 //! - the context: `mm` (fields only, and the lock order);
 //! - what the paths share: `addrmap`, `gate` (the event gate), `install` (every
@@ -44,6 +44,7 @@ mod event_queue;
 mod folio;
 mod lru;
 mod memcg;
+mod own_zaps;
 mod ra_cache;
 mod ra_window;
 mod reclaim_ctl;
@@ -83,5 +84,5 @@ pub use region::RegionOptions;
 pub use size::{format_bytes, parse_bytes, physical_memory, FolioSize, PoolLimit, SizeError, HUGE_SIZE, PAGE_SIZE};
 pub use smaps::anon_huge_bytes;
 pub use stats::{Latency, MemoryStat, RegionReadahead, SizeStat, Stats, SwapIoStats, SwapStat, VmStat};
-pub use uffd::UffdMode;
+pub use uffd::{InstallMode, UffdMode};
 pub use zswap::{Codec, CodecScratch};

@@ -32,6 +32,7 @@
 //! | leaf | `lru` lists, `tiers.pool_lru` | eviction and writeback order | |
 //! | leaf | `ra` cache and queue | readahead copies, requests | |
 //! | leaf | staging batches, `deferred_faults`, `reclaim` wait queues | | |
+//! | leaf | `own_zaps` (`own_zaps.rs`) | the engine's own MADV_DONTNEEDs in flight (copy mode) | taken under the gate (write) when an event is read |
 //!
 //! The pool (`zswap/zpool.rs`) and the swap file's slot allocator (`swapfile/cluster.rs`)
 //! have their own locks, documented there, taken only inside their calls. `memcg` is
@@ -41,12 +42,13 @@ use crate::config::Config;
 use crate::event_queue::EventQueue;
 use crate::lru::Lru;
 use crate::memcg::MemCg;
+use crate::own_zaps::OwnZaps;
 use crate::ra_cache::Readahead;
 use crate::reclaim_ctl::ReclaimCtl;
 use crate::staging::Staging;
 use crate::stats::Counters;
 use crate::tier::Tiers;
-use crate::uffd::Uffd;
+use crate::uffd::{InstallMode, Uffd};
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -55,8 +57,13 @@ use std::sync::{Mutex, RwLock};
 pub(crate) struct Mm {
     pub id: u64,
     pub config: Config,
-    /// Registered MISSING on regions; faults and events arrive here.
+    /// Registered MISSING on regions (and WP in copy mode); faults and events arrive here.
     pub uffd: Uffd,
+    /// MOVE or COPY (`InstallMode`): fixed when the engine starts.
+    pub install: InstallMode,
+    /// Copy mode: this engine's own zaps in flight, whose REMOVE events are not the
+    /// program's (`own_zaps.rs`).
+    pub own_zaps: OwnZaps,
     /// Where folios sit while neither mapped nor stored (`staging.rs`).
     pub staging: Staging,
     /// The pool and the swap file.

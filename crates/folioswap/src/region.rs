@@ -18,7 +18,7 @@ use crate::reclaim_ctl::Wait;
 use crate::release::drop_storage;
 use crate::size::{FolioSize, PAGE_SIZE};
 use crate::table::FolioTable;
-use crate::uffd;
+use crate::uffd::{self, InstallMode};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -93,7 +93,12 @@ impl Engine {
                 return Err(Error::Map { len, errno });
             }
         };
-        if let Err(e) = mm.uffd.register(addr, len, uffd::REGISTER_MODE_MISSING) {
+        // Copy mode write-protects a folio while it copies it out (`evict.rs`).
+        let mode = match mm.install {
+            InstallMode::Move => uffd::REGISTER_MODE_MISSING,
+            InstallMode::Copy => uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP,
+        };
+        if let Err(e) = mm.uffd.register(addr, len, mode) {
             unmap();
             return Err(Error::sys("registering a region with userfaultfd", e));
         }

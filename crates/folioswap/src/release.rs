@@ -43,6 +43,6 @@ pub(crate) fn release_staged(mm: &Mm, at: Staged, folio: FolioSize, huge: bool) 
 pub(crate) fn release_after_install(mm: &Mm, slot: Slot, how: Installed, huge: bool) {
     match how {
         Installed::Moved => mm.staging.put_hole(slot),
-        Installed::Copied => mm.staging.put_filled(slot, huge, &mm.memcg),
+        Installed::Copied | Installed::Collapsed => mm.staging.put_filled(slot, huge, &mm.memcg),
     }
 }

@@ -394,6 +394,17 @@ impl Staging {
         !present(src) && present(dst)
     }
 
+    /// Whether every page of `[addr, addr + len)` has a page-table entry (any kernel).
+    pub fn all_mapped(&self, addr: usize, len: usize) -> bool {
+        self.pagemap.all_mapped(addr, len)
+    }
+
+    /// Empty a slot this thread holds, so it can go back as a hole.
+    pub fn discard_slot(&self, slot: Slot) {
+        let area = self.areas[slot.order as usize].get().expect("mapped");
+        let _ = madvise(self.addr(slot), area.slot_bytes, libc::MADV_DONTNEED);
+    }
+
     /// Whether every page of `[addr, addr + len)` is present.
     pub fn all_present(&self, addr: usize, len: usize) -> bool {
         self.pagemap.present_bytes(addr, len).is_ok_and(|n| n == len)

@@ -9,7 +9,7 @@
 
 use crate::size::FolioSize;
 pub use crate::swapfile::io::SwapIoStats;
-use crate::uffd::UffdMode;
+use crate::uffd::{InstallMode, UffdMode};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -181,6 +181,10 @@ counter_struct!(
         /// 2 MiB first touches that got a huge page, and those that fell back to 4 KiB pages.
         thp_fault_alloc,
         thp_fault_fallback,
+        /// Copy mode: 2 MiB folios copied in as 4 KiB pages and made one THP again with
+        /// MADV_COLLAPSE, and collapses the kernel refused (the folio stays in 4 KiB pages).
+        thp_collapse_alloc,
+        thp_collapse_alloc_failed,
         /// Large folios split (partial DONTNEED/munmap/mremap, or split-mode swap-out).
         thp_split_page,
         /// Folios evicted by the background reclaimers and by direct reclaim in the fault path.
@@ -350,6 +354,9 @@ pub struct Stats {
     /// The engine's userfaultfd: `full`, or `user-mode-only` (no permission to handle the
     /// kernel's faults: system calls on swapped-out memory need `prefault_for_kernel`).
     pub uffd: UffdMode,
+    /// How pages go into regions and out: `move` (UFFDIO_MOVE) or `copy` (UFFDIO_COPY,
+    /// and write-protect, copy, MADV_DONTNEED out: kernels before 6.8, or `uffd_move` off).
+    pub install: InstallMode,
     #[serde(flatten)]
     pub vm: VmStat,
     pub memory: MemoryStat,
@@ -364,7 +371,7 @@ pub struct Stats {
 }
 
 impl Stats {
-    pub(crate) fn collect(uffd: UffdMode, counters: &Counters, memory: MemoryStat, swap: Option<SwapStat>) -> Stats {
+    pub(crate) fn collect(uffd: UffdMode, install: InstallMode, counters: &Counters, memory: MemoryStat, swap: Option<SwapStat>) -> Stats {
         let mut per_size = BTreeMap::new();
         let mut fault_latency = BTreeMap::new();
         let mut all = vec![0u64; BUCKETS];
@@ -388,7 +395,7 @@ impl Stats {
                 fault_latency.insert(name.to_string(), lat);
             }
         }
-        Stats { uffd, vm: counters.vm.snapshot(), memory, swap, per_size, fault_latency }
+        Stats { uffd, install, vm: counters.vm.snapshot(), memory, swap, per_size, fault_latency }
     }
 
     /// Per-size counters of one folio size (zeros if it saw no activity).

@@ -11,6 +11,24 @@
 /// write would (breaking copy on write), without touching it.
 pub(crate) const MADV_POPULATE_WRITE: i32 = 23;
 
+/// `madvise` advice (Linux 6.1+): make a range one THP now, synchronously.
+pub(crate) const MADV_COLLAPSE: i32 = 25;
+
+/// Copy `len` bytes of this process's memory at `src` to `dst` through the kernel
+/// (`process_vm_readv` on ourselves): a page unmapped meanwhile ends the copy short
+/// instead of killing the process, as a plain load would. Returns the bytes copied.
+///
+/// # Safety
+/// `dst` must be valid for writes of `len` bytes that no Rust reference covers.
+pub(crate) unsafe fn read_own_memory(dst: usize, src: usize, len: usize) -> usize {
+    let local = libc::iovec { iov_base: dst as *mut libc::c_void, iov_len: len };
+    let remote = libc::iovec { iov_base: src as *mut libc::c_void, iov_len: len };
+    // SAFETY: both iovecs describe `len` bytes; the kernel writes only into `dst`, which
+    // the caller vouches for, and reads `src` with the checks of a remote access.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n.max(0) as usize
+}
+
 /// # Safety
 /// As `mmap(2)`: the caller owns whatever range the kernel may replace (none without MAP_FIXED).
 pub(crate) unsafe fn mmap(addr: *mut libc::c_void, len: usize, prot: i32, flags: i32, fd: i32, off: libc::off_t) -> *mut libc::c_void {

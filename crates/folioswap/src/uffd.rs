@@ -38,6 +38,7 @@ const UFFDIO_UNREGISTER: u64 = ioc(IOC_READ, UFFDIO, 0x01, 16);
 const UFFDIO_WAKE: u64 = ioc(IOC_READ, UFFDIO, 0x02, 16);
 const UFFDIO_COPY: u64 = ioc(IOC_RW, UFFDIO, 0x03, 40);
 const UFFDIO_MOVE: u64 = ioc(IOC_RW, UFFDIO, 0x05, 40);
+const UFFDIO_WRITEPROTECT: u64 = ioc(IOC_RW, UFFDIO, 0x06, 24);
 /// `/dev/userfaultfd`'s `USERFAULTFD_IOC_NEW` (`_IO(0xAA, 0x00)`).
 const USERFAULTFD_IOC_NEW: u64 = ioc(0, UFFDIO, 0x00, 0);
 const PAGEMAP_SCAN: u64 = ioc(IOC_RW, b'f' as u64, 16, 96);
@@ -55,6 +56,7 @@ pub const REGISTER_MODE_WP: u64 = 1 << 1;
 const COPY_MODE_DONTWAKE: u64 = 1 << 0;
 const MOVE_MODE_DONTWAKE: u64 = 1 << 0;
 const MOVE_MODE_ALLOW_SRC_HOLES: u64 = 1 << 1;
+const WRITEPROTECT_MODE_WP: u64 = 1 << 0;
 
 const EVENT_PAGEFAULT: u8 = 0x12;
 const EVENT_FORK: u8 = 0x13;
@@ -66,6 +68,7 @@ const EVENT_UNMAP: u8 = 0x16;
 /// without privilege; Debian 12's headers predate it.
 const UFFD_USER_MODE_ONLY: libc::c_int = 1;
 
+const PAGE: usize = 4096;
 const PAGE_IS_HUGE: u64 = 1 << 6;
 const PAGE_IS_PRESENT: u64 = 1 << 3;
 
@@ -93,6 +96,11 @@ struct UffdioCopy {
     len: u64,
     mode: u64,
     copy: i64,
+}
+#[repr(C)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
 }
 #[repr(C)]
 struct UffdioMove {
@@ -202,6 +210,29 @@ impl std::fmt::Display for UffdMode {
         f.write_str(match self {
             UffdMode::Full => "full",
             UffdMode::UserModeOnly => "user-mode-only",
+        })
+    }
+}
+
+/// How the engine puts pages into regions and takes them out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InstallMode {
+    /// `UFFDIO_MOVE` (Linux 6.8+): evictions move page-table entries out whole, 2 MiB
+    /// folios move back in as THPs.
+    #[default]
+    Move,
+    /// `UFFDIO_COPY` in, and out by write-protect, copy, `MADV_DONTNEED` (`evict.rs`
+    /// `copy_out`); 2 MiB folios become THPs again by `MADV_COLLAPSE` (Linux 6.1+). What
+    /// kernels 5.7 to 6.7 get, or any kernel with `uffd_move` off.
+    Copy,
+}
+
+impl std::fmt::Display for InstallMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            InstallMode::Move => "move",
+            InstallMode::Copy => "copy",
         })
     }
 }
@@ -372,6 +403,21 @@ impl Uffd {
         Err(IoctlError { errno, done: m.moved.max(0) as usize })
     }
 
+    /// Write-protect `[start, start + len)` (registered in WP mode), or lift the
+    /// protection, which also wakes the threads waiting on a write there.
+    pub fn writeprotect(&self, start: usize, len: usize, protect: bool) -> Result<(), IoctlError> {
+        let mut wp = UffdioWriteprotect {
+            range: UffdioRange { start: start as u64, len: len as u64 },
+            mode: if protect { WRITEPROTECT_MODE_WP } else { 0 },
+        };
+        // SAFETY: `wp` is a valid struct uffdio_writeprotect; the kernel changes only the
+        // protection of page-table entries in a range registered with this descriptor.
+        if unsafe { libc::ioctl(self.raw_fd(), UFFDIO_WRITEPROTECT as _, &mut wp) } == 0 {
+            return Ok(());
+        }
+        Err(IoctlError { errno: last_errno(), done: 0 })
+    }
+
     /// Read one message without blocking; `Ok(None)` when the queue is empty.
     pub fn read_msg(&self) -> io::Result<Option<Msg>> {
         let mut raw = RawMsg { event: 0, _reserved1: 0, _reserved2: 0, _reserved3: 0, arg: [0; 3] };
@@ -418,6 +464,30 @@ impl PageMap {
 
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// Whether every page of `[start, start + len)` has a page-table entry (present, or
+    /// swapped out by the kernel), so that reading it cannot take a missing-page fault.
+    /// Reads `/proc/self/pagemap` itself (Linux 2.6.25+), not PAGEMAP_SCAN (6.7+).
+    pub fn all_mapped(&self, start: usize, len: usize) -> bool {
+        const PM_PRESENT: u64 = 1 << 63;
+        const PM_SWAP: u64 = 1 << 62;
+        let mut entries = [0u64; 512];
+        let mut page = start / PAGE;
+        let end = (start + len).div_ceil(PAGE);
+        while page < end {
+            let n = (end - page).min(entries.len());
+            // SAFETY: reads at most `n` u64 entries into `entries`, which holds 512.
+            let got = unsafe { libc::pread(self.fd.as_raw_fd(), entries.as_mut_ptr().cast(), n * 8, (page * 8) as libc::off_t) };
+            if got != (n * 8) as isize {
+                return false;
+            }
+            if entries[..n].iter().any(|e| e & (PM_PRESENT | PM_SWAP) == 0) {
+                return false;
+            }
+            page += n;
+        }
+        true
     }
 
     /// Bytes of `[start, start + len)` mapped by huge (PMD) entries.

@@ -1,11 +1,12 @@
 //! Behaviour the issue pins down, one test each: THPs after first touch and after
 //! swap-in, split-mode swap, the error paths, mremap of swapped memory, and the kernel
-//! touching managed memory on the program's behalf.
+//! touching managed memory on the program's behalf; the first three also on the path of
+//! kernels without UFFDIO_MOVE (`copy_mode_*`).
 //!
 //! Tests that must watch a process die run a child: this test binary again, with
 //! `--ignored --exact <child>` and FOLIOSWAP_TEST_CHILD set.
 
-use folioswap::{Config, Engine, Error, FaultMode, FolioSize, Region, RegionOptions};
+use folioswap::{Config, Engine, Error, FaultMode, FolioSize, InstallMode, Region, RegionOptions};
 
 mod common;
 use common::{check, fill, fill_incompressible, run_child_expecting_sigbus};
@@ -25,7 +26,18 @@ fn push_out(other: &mut Region) {
 
 #[test]
 fn huge_folios_are_thps_after_first_touch_and_after_swap_in() {
-    let e = engine(Config::default().memory_high("32M").unwrap());
+    huge_folios_are_thps(InstallMode::Move);
+}
+
+/// Without UFFDIO_MOVE a 2 MiB folio is copied in as 4 KiB pages and collapsed.
+#[test]
+fn copy_mode_collapses_huge_folios_into_thps() {
+    huge_folios_are_thps(InstallMode::Copy);
+}
+
+fn huge_folios_are_thps(install: InstallMode) {
+    let e = engine(Config::default().memory_high("32M").unwrap().uffd_move(install == InstallMode::Move));
+    assert_eq!(e.install_mode(), install);
     let mut a = e.map(16 * MIB, RegionOptions::default().folio_size("2M").unwrap()).unwrap();
     assert_eq!(a.as_ptr() as usize % (2 * MIB), 0, "2M regions are 2 MiB aligned");
     fill(&mut a, 1);
@@ -44,6 +56,10 @@ fn huge_folios_are_thps_after_first_touch_and_after_swap_in() {
     assert!(s.size(FolioSize::M2).zswpin + s.vm.swapcache_hit >= 8, "{:?} {:?}", s.size(FolioSize::M2), s.vm);
     assert_eq!(s.vm.thp_swpout_fallback, 0);
     assert!(s.vm.thp_fault_alloc >= 8 + 32);
+    match install {
+        InstallMode::Move => assert_eq!(s.vm.thp_collapse_alloc, 0),
+        InstallMode::Copy => assert!(s.vm.thp_collapse_alloc >= 8 + 32 + 8, "{:?}", s.vm),
+    }
 }
 
 #[test]
@@ -118,7 +134,17 @@ fn a_region_larger_than_the_address_space_fails_clearly() {
 
 #[test]
 fn kernel_accesses_are_served_in_thread_mode() {
-    let e = engine(Config::default().memory_high("8M").unwrap().fault_mode(FaultMode::Thread));
+    kernel_accesses_are_served(InstallMode::Move);
+}
+
+#[test]
+fn copy_mode_kernel_accesses_are_served() {
+    kernel_accesses_are_served(InstallMode::Copy);
+}
+
+fn kernel_accesses_are_served(install: InstallMode) {
+    let e = engine(Config::default().memory_high("8M").unwrap().fault_mode(FaultMode::Thread).uffd_move(install == InstallMode::Move));
+    assert_eq!(e.install_mode(), install);
     let mut dst = e.map(8 * MIB, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
     fill(&mut dst, 4);
     let mut other = e.map(16 * MIB, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
@@ -165,7 +191,17 @@ fn word_at(addr: usize) -> u64 {
 
 #[test]
 fn mremap_moves_swapped_out_data_with_it() {
-    let e = engine(Config::default().memory_high("16M").unwrap());
+    mremap_moves_swapped_out_data(InstallMode::Move);
+}
+
+#[test]
+fn copy_mode_mremap_moves_swapped_out_data_with_it() {
+    mremap_moves_swapped_out_data(InstallMode::Copy);
+}
+
+fn mremap_moves_swapped_out_data(install: InstallMode) {
+    let e = engine(Config::default().memory_high("16M").unwrap().uffd_move(install == InstallMode::Move));
+    assert_eq!(e.install_mode(), install);
     for folio in ["64K", "2M"] {
         let mut r = e.map(16 * MIB, RegionOptions::default().folio_size(folio).unwrap()).unwrap();
         fill(&mut r, 5);

@@ -3,7 +3,7 @@
 //! pages are shared copy on write with the child. And several processes' engines sharing
 //! one limit (`shared_limit`).
 
-use folioswap::{Config, Engine, FaultMode, Region, RegionOptions};
+use folioswap::{Config, Engine, FaultMode, InstallMode, Region, RegionOptions};
 
 mod common;
 use common::{check, fill};
@@ -39,7 +39,12 @@ fn fork_sees_everything(folio: &str) {
 }
 
 fn fork_sees_everything_in(folio: &str, mode: FaultMode) {
-    let e = engine(Config::default().memory_high("32M").unwrap().fault_mode(mode));
+    fork_sees_everything_with(folio, mode, InstallMode::Move);
+}
+
+fn fork_sees_everything_with(folio: &str, mode: FaultMode, install: InstallMode) {
+    let e = engine(Config::default().memory_high("32M").unwrap().fault_mode(mode).uffd_move(install == InstallMode::Move));
+    assert_eq!(e.install_mode(), install);
     let options = RegionOptions::default().folio_size(folio).unwrap().keep_on_fork(true);
     let mut a = e.map(48 * MIB, options.clone()).unwrap();
     let mut b = e.map(48 * MIB, options).unwrap();
@@ -71,7 +76,10 @@ fn fork_sees_everything_in(folio: &str, mode: FaultMode) {
     assert_eq!(wait_child(pid), 0, "{folio}: the child did not see the parent's memory");
     check(&a, 3);
     let after = e.stats();
-    assert!(after.vm.cow_unshare > 0, "{folio}: no eviction had to unshare a page after the fork");
+    if install == InstallMode::Move {
+        // Copy mode reads shared pages as they are, and zaps only the parent's mapping.
+        assert!(after.vm.cow_unshare > 0, "{folio}: no eviction had to unshare a page after the fork");
+    }
     assert!(after.vm.zswpout > forked.vm.zswpout, "{folio}: nothing was swapped after the fork");
 }
 
@@ -96,6 +104,16 @@ fn forked_child_sees_swapped_memory_2m() {
 #[test]
 fn forked_child_sees_swapped_memory_signal_mode() {
     fork_sees_everything_in("64K", FaultMode::Signal);
+}
+
+#[test]
+fn copy_mode_forked_child_sees_swapped_memory_2m() {
+    fork_sees_everything_with("2M", FaultMode::Thread, InstallMode::Copy);
+}
+
+#[test]
+fn copy_mode_forked_child_sees_swapped_memory_signal_mode() {
+    fork_sees_everything_with("64K", FaultMode::Signal, InstallMode::Copy);
 }
 
 #[test]

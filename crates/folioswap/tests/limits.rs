@@ -7,7 +7,7 @@
 //! `--ignored --exact <child>` and FOLIOSWAP_TEST_CHILD set), so that other tests'
 //! memory does not count.
 
-use folioswap::{Config, Engine, FolioSize, Region, RegionOptions};
+use folioswap::{Config, Engine, FolioSize, InstallMode, Region, RegionOptions};
 use std::process::Command;
 use std::sync::Arc;
 
@@ -69,7 +69,13 @@ fn writer(region: &Region, r: usize, rounds: u64, random: bool) -> Result<(), St
 /// 2 threads × 64M under an 8M limit: the smallest limit there is, at 2M folios four of
 /// them. No fault may fail while the limit can be kept; every word must come back.
 fn two_writers_under_8m(folio: &str, random: bool) {
-    let engine = Engine::new(Config::default().memory_high("8M").unwrap()).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
+    two_writers_under_8m_with(folio, random, InstallMode::Move);
+}
+
+fn two_writers_under_8m_with(folio: &str, random: bool, install: InstallMode) {
+    let config = Config::default().memory_high("8M").unwrap().uffd_move(install == InstallMode::Move);
+    let engine = Engine::new(config).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
+    assert_eq!(engine.install_mode(), install);
     let options = RegionOptions::default().folio_size(folio).unwrap();
     let regions: Arc<Vec<Region>> = Arc::new((0..2).map(|_| engine.map(64 * MIB, options.clone()).unwrap()).collect());
     let threads: Vec<_> = (0..2)
@@ -114,6 +120,22 @@ fn smallest_limit_4k_seq() {
 #[test]
 fn smallest_limit_4k_rand() {
     two_writers_under_8m("4K", true);
+}
+
+// The path of kernels without UFFDIO_MOVE, forced on this one.
+#[test]
+fn copy_mode_smallest_limit_2m_rand() {
+    two_writers_under_8m_with("2M", true, InstallMode::Copy);
+}
+
+#[test]
+fn copy_mode_smallest_limit_64k_seq() {
+    two_writers_under_8m_with("64K", false, InstallMode::Copy);
+}
+
+#[test]
+fn copy_mode_smallest_limit_4k_rand() {
+    two_writers_under_8m_with("4K", true, InstallMode::Copy);
 }
 
 /// A limit that cannot hold two folios per fault thread is refused when the engine

@@ -1,7 +1,13 @@
-use folioswap::{Config, Engine, FaultMode, RegionOptions};
+use folioswap::{Config, Engine, FaultMode, InstallMode, RegionOptions};
 
 fn run(mode: FaultMode, folio: &str, region: usize, limit: &str) {
-    let engine = Engine::new(Config::default().memory_high(limit).unwrap().fault_mode(mode)).unwrap();
+    run_with(mode, folio, region, limit, InstallMode::Move);
+}
+
+fn run_with(mode: FaultMode, folio: &str, region: usize, limit: &str, install: InstallMode) {
+    let engine =
+        Engine::new(Config::default().memory_high(limit).unwrap().fault_mode(mode).uffd_move(install == InstallMode::Move)).unwrap();
+    assert_eq!(engine.install_mode(), install);
     let mut r = engine.map(region, RegionOptions::default().folio_size(folio).unwrap()).unwrap();
     let words = region / 8;
     let p = r.as_mut_slice().as_mut_ptr() as *mut u64;
@@ -50,4 +56,22 @@ fn signal_2m() {
 #[test]
 fn thread_4k() {
     run(FaultMode::Thread, "4K", 32 << 20, "8M");
+}
+
+// The path of kernels without UFFDIO_MOVE, forced on this one.
+#[test]
+fn copy_thread_4k() {
+    run_with(FaultMode::Thread, "4K", 32 << 20, "8M", InstallMode::Copy);
+}
+#[test]
+fn copy_signal_64k() {
+    run_with(FaultMode::Signal, "64K", 64 << 20, "16M", InstallMode::Copy);
+}
+#[test]
+fn copy_thread_2m() {
+    run_with(FaultMode::Thread, "2M", 128 << 20, "32M", InstallMode::Copy);
+}
+#[test]
+fn copy_signal_2m() {
+    run_with(FaultMode::Signal, "2M", 128 << 20, "32M", InstallMode::Copy);
 }

@@ -21,7 +21,7 @@
 //!
 //! FOLIOSWAP_STRESS_OPS sets the operations per thread (default 12000).
 
-use folioswap::{Config, Engine, FaultMode, FolioSize, Region, RegionOptions};
+use folioswap::{Config, Engine, FaultMode, FolioSize, InstallMode, Region, RegionOptions};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -141,6 +141,11 @@ fn cut_range(t: &Tracked, rng: &mut Rng, unmap: bool) {
 }
 
 fn stress(mode: FaultMode, compressor: &str, split: bool, swap_file: bool) {
+    stress_with(mode, compressor, split, swap_file, InstallMode::Move);
+}
+
+/// `install`: `Copy` forces the path of kernels without UFFDIO_MOVE (`uffd_move` off).
+fn stress_with(mode: FaultMode, compressor: &str, split: bool, swap_file: bool, install: InstallMode) {
     let ops: usize = std::env::var("FOLIOSWAP_STRESS_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(12_000);
     let mut config = Config::default()
         .memory_high("32M")
@@ -150,7 +155,8 @@ fn stress(mode: FaultMode, compressor: &str, split: bool, swap_file: bool) {
         .compressor(compressor)
         .unwrap()
         .fault_mode(mode)
-        .split_swap(split);
+        .split_swap(split)
+        .uffd_move(install == InstallMode::Move);
     if swap_file {
         // Folios that compress less than 8× (most with written cells) go straight to the
         // file; the sparse rest fills the 256K pool, which then writes back.
@@ -160,6 +166,7 @@ fn stress(mode: FaultMode, compressor: &str, split: bool, swap_file: bool) {
         config = config.no_swap_file();
     }
     let engine = Engine::new(config).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
+    assert_eq!(engine.install_mode(), install, "this kernel has UFFDIO_MOVE (6.8+), so both paths can be tested");
     let regions: Arc<Vec<Tracked>> = Arc::new(
         FolioSize::ALL
             .iter()
@@ -249,7 +256,7 @@ fn stress(mode: FaultMode, compressor: &str, split: bool, swap_file: bool) {
     }
     let stats = engine.stats();
     eprintln!(
-        "{mode:?}/{compressor}/split={split}/swap_file={swap_file}: {checked} cells checked; zswpout {} zswpin {} pswpout {} pswpin {} zswpwb {} fallback {} uffd_remove {} uffd_unmap {} split {} fault_raced {} same_filled {} raw {} swap_ra {} swap_ra_hit {}",
+        "{mode:?}/{compressor}/split={split}/swap_file={swap_file}/{install}: {checked} cells checked; zswpout {} zswpin {} pswpout {} pswpin {} zswpwb {} fallback {} uffd_remove {} uffd_unmap {} split {} fault_raced {} same_filled {} raw {} swap_ra {} swap_ra_hit {}",
         stats.vm.zswpout,
         stats.vm.zswpin,
         stats.vm.pswpout,
@@ -308,4 +315,22 @@ fn stress_swap_file_thread_mode_lz4() {
 #[test]
 fn stress_swap_file_signal_mode_split_swap() {
     stress(FaultMode::Signal, "lz4", true, true);
+}
+
+// The same on the path of kernels 5.7 to 6.7 (no UFFDIO_MOVE): evictions write-protect,
+// copy out and zap while other threads write, discard and unmap the same folios.
+
+#[test]
+fn stress_copy_mode_thread_lz4() {
+    stress_with(FaultMode::Thread, "lz4", false, false, InstallMode::Copy);
+}
+
+#[test]
+fn stress_copy_mode_signal_zstd() {
+    stress_with(FaultMode::Signal, "zstd", false, false, InstallMode::Copy);
+}
+
+#[test]
+fn stress_copy_mode_swap_file_thread_split_swap() {
+    stress_with(FaultMode::Thread, "lz4", true, true, InstallMode::Copy);
 }

@@ -1,0 +1,139 @@
+//! The engine's own `MADV_DONTNEED`s in flight, so that the REMOVE events they raise on
+//! the region userfaultfd are not taken for the program's. State only.
+//!
+//! Copy-mode eviction (`evict.rs` `copy_out`) zaps a folio's pages with `MADV_DONTNEED`
+//! after copying them out. The kernel reports that as REMOVE, one event per VMA the range
+//! crosses (a program's `mprotect` can split a folio's VMA without telling us), each read
+//! before the next is sent, exactly like a REMOVE of the program's own. The message
+//! carries no sender. So while an eviction's zap of `[start, end)` is in flight:
+//! 1. `begin` records the range;
+//! 2. `gate::mark_event` hands every REMOVE that lies wholly inside it to [`OwnZaps::claim`],
+//!    which keeps it as a *piece* instead of marking it against the folio (a REMOVE that
+//!    only overlaps the range is the program's, and is marked as usual);
+//! 3. once the zap returns, the evictor takes the gate once (the kernel lets a zap go on
+//!    as soon as its event is *read*, and the reader hands it here before it lets go of
+//!    the gate), then `finish` returns the pieces, and [`programs_pieces`] tells ours from the program's:
+//!    ours are one per VMA, so they are disjoint, each as large as its VMA's part of the
+//!    range, and they come in address order; a program's REMOVE received meanwhile lies
+//!    inside one VMA too, so it is either inside one of ours or a duplicate of one. Those
+//!    ranges the program asked to read as zeros, and the evictor zeros them in the
+//!    copy it took before the zap (that copy predates the program's request).
+//!
+//! While any zap is in flight, someone must read the userfaultfd, or the zapping thread
+//! waits forever; `gate::read_for_own_zaps` (a thread in copy mode) does, whatever the
+//! fault threads are blocked on.
+//!
+//! The mutex is a leaf: nothing else is taken while it is held.
+
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+struct Zap {
+    id: u64,
+    start: usize,
+    end: usize,
+    pieces: Vec<(usize, usize)>,
+}
+
+#[derive(Default)]
+pub(crate) struct OwnZaps {
+    inflight: Mutex<(u64, Vec<Zap>)>,
+    busy: Condvar,
+}
+
+impl OwnZaps {
+    /// A zap of `[start, end)` is about to be issued: returns its ticket.
+    pub fn begin(&self, start: usize, end: usize) -> u64 {
+        let mut guard = self.inflight.lock().unwrap();
+        guard.0 += 1;
+        let id = guard.0;
+        guard.1.push(Zap { id, start, end, pieces: Vec::new() });
+        self.busy.notify_all();
+        id
+    }
+
+    /// A REMOVE of `[start, end)` was read: keep it as a piece of the zap in flight that
+    /// contains it, if any (then it is not marked as the program's).
+    pub fn claim(&self, start: usize, end: usize) -> bool {
+        let mut guard = self.inflight.lock().unwrap();
+        match guard.1.iter_mut().find(|z| z.start <= start && end <= z.end) {
+            Some(zap) => {
+                zap.pieces.push((start, end));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The zap returned: forget it, and hand back the REMOVE pieces read while it ran.
+    pub fn finish(&self, id: u64) -> Vec<(usize, usize)> {
+        let mut guard = self.inflight.lock().unwrap();
+        let at = guard.1.iter().position(|z| z.id == id).expect("a zap in flight");
+        guard.1.swap_remove(at).pieces
+    }
+
+    /// Block until a zap is in flight (or `timeout` passes); whether one is.
+    pub fn wait_busy(&self, timeout: Duration) -> bool {
+        let guard = self.inflight.lock().unwrap();
+        let (guard, _) = self.busy.wait_timeout_while(guard, timeout, |g| g.1.is_empty()).unwrap();
+        !guard.1.is_empty()
+    }
+}
+
+/// Which of the `pieces` claimed during a zap of `[start, end)` were the program's own
+/// REMOVEs (see the module comment): in address order, largest first at equal starts,
+/// a piece that begins before the end of the last one kept is inside it (or equals it),
+/// so it is the program's.
+pub(crate) fn programs_pieces(start: usize, mut pieces: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
+    pieces.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    let mut ours_end = start;
+    let mut theirs = Vec::new();
+    for (s, e) in pieces {
+        if s >= ours_end {
+            ours_end = e;
+        } else {
+            theirs.push((s, e.min(ours_end)));
+        }
+    }
+    theirs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_vma_and_nothing_else() {
+        assert!(programs_pieces(0, vec![(0, 100)]).is_empty());
+    }
+
+    #[test]
+    fn a_folio_split_into_vmas_by_mprotect() {
+        assert!(programs_pieces(0, vec![(0, 30), (30, 70), (70, 100)]).is_empty());
+    }
+
+    #[test]
+    fn the_program_zapping_part_of_it_meanwhile() {
+        assert_eq!(programs_pieces(0, vec![(10, 20), (0, 100)]), vec![(10, 20)]);
+        assert_eq!(programs_pieces(0, vec![(0, 100), (0, 20)]), vec![(0, 20)]);
+        assert_eq!(programs_pieces(0, vec![(0, 50), (60, 70), (50, 100)]), vec![(60, 70)]);
+    }
+
+    #[test]
+    fn the_program_zapping_exactly_the_same_range() {
+        assert_eq!(programs_pieces(0, vec![(0, 100), (0, 100)]), vec![(0, 100)]);
+        assert_eq!(programs_pieces(0, vec![(0, 50), (0, 50), (50, 100)]), vec![(0, 50)]);
+    }
+
+    #[test]
+    fn claims_only_what_lies_inside() {
+        let zaps = OwnZaps::default();
+        let id = zaps.begin(4096, 8192);
+        assert!(!zaps.claim(0, 8192), "overlapping is the program's");
+        assert!(zaps.claim(4096, 8192));
+        assert!(zaps.wait_busy(Duration::ZERO));
+        assert_eq!(zaps.finish(id), vec![(4096, 8192)]);
+        assert!(!zaps.wait_busy(Duration::ZERO));
+        assert!(!zaps.claim(4096, 8192), "nothing in flight");
+    }
+}
