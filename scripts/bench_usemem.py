@@ -2,12 +2,14 @@
 """Run `folioswap bench usemem` over a matrix of configurations, several times each, and
 print a Markdown table of medians (the numbers in BENCHMARKS.md come from here).
 
-Usage: scripts/bench_usemem.py [--matrix core|swapfile] [--runs 3] [--out results.jsonl]
+Usage: scripts/bench_usemem.py [--matrix core|swapfile|install] [--runs 3] [--out results.jsonl]
                                [--only NAME ...] [-- extra args]
 
 `core` is the engine with the compressed pool only (BENCHMARKS.md, engine core);
 `swapfile` adds a swap file in /var/tmp, with the pool on (capped at 256M, so it fills
-and writes back) and off (`--max-pool 0`: every folio goes to the file).
+and writes back) and off (`--max-pool 0`: every folio goes to the file). `install` runs the core's
+first six configurations on both install paths: UFFDIO_MOVE (`move`) and the UFFDIO_COPY
+path of kernels without it (`copy`, forced with FOLIOSWAP_UFFD_MOVE=0).
 
 Each configuration runs `--runs` times, interleaved (A B C A B C ...) so that drift in this
 shared VM's speed hits every configuration alike. Every run must verify; a failed run is
@@ -15,6 +17,7 @@ reported and makes the script exit non-zero.
 """
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -53,11 +56,18 @@ SWAPFILE_MATRIX = [
 # the pool is not charged to memory_high.
 CORE_MATRIX = [(name, args + ["--swap-file", "none"]) for name, args in MATRIX]
 
-MATRICES = {"core": CORE_MATRIX, "swapfile": SWAPFILE_MATRIX}
+INSTALL_MATRIX = [
+    (f"{name} {install}", args + ["--swap-file", "none"], {"FOLIOSWAP_UFFD_MOVE": flag})
+    for name, args in MATRIX
+    if name in ("2M seq", "64K seq", "4K seq", "2M rand", "64K rand", "4K rand")
+    for install, flag in [("move", "1"), ("copy", "0")]
+]
+
+MATRICES = {"core": CORE_MATRIX, "swapfile": SWAPFILE_MATRIX, "install": INSTALL_MATRIX}
 
 
-def run_one(args):
-    p = subprocess.run([BIN] + BASE + args, capture_output=True, text=True)
+def run_one(args, env=None):
+    p = subprocess.run([BIN] + BASE + args, capture_output=True, text=True, env={**os.environ, **(env or {})})
     if p.returncode != 0:
         return None, p.stderr.strip()[-500:]
     return json.loads(p.stdout), None
@@ -75,13 +85,13 @@ def main():
     ap.add_argument("--only", nargs="*", default=None, help="configuration names to run")
     ap.add_argument("extra", nargs="*", help="extra usemem arguments for every run")
     a = ap.parse_args()
-    matrix = [(n, x + a.extra) for n, x in MATRICES[a.matrix] if a.only is None or n in a.only]
-    results = {n: [] for n, _ in matrix}
+    matrix = [(c[0], c[1] + a.extra, c[2] if len(c) > 2 else {}) for c in MATRICES[a.matrix] if a.only is None or c[0] in a.only]
+    results = {n: [] for n, _, _ in matrix}
     failed = False
     out = open(a.out, "a") if a.out else None
     for i in range(a.runs):
-        for name, args in matrix:
-            r, err = run_one(args)
+        for name, args, env in matrix:
+            r, err = run_one(args, env)
             if r is None or not r["verified"]:
                 failed = True
                 print(f"FAILED: {name} run {i + 1}: {err or 'verification failed'}", file=sys.stderr)
@@ -90,12 +100,12 @@ def main():
             extra = f", {r['writes_per_s']:.0f} writes/s" if "writes_per_s" in r else ""
             print(f"# {name} run {i + 1}: {r['throughput_mb_s']:.0f} MB/s{extra}", file=sys.stderr, flush=True)
             if out:
-                out.write(json.dumps({"name": name, "args": BASE + args, "result": r}) + "\n")
+                out.write(json.dumps({"name": name, "args": BASE + args, "env": env, "result": r}) + "\n")
                 out.flush()
 
     print("| configuration | MB/s (median) | runs | writes/s (median) | THP % of resident | fault p50 / p99 µs | zswpout | zswpin | pswpout | pswpin | zswpwb | thp_swpout_fallback |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, _ in matrix:
+    for name, _, _ in matrix:
         rs = results[name]
         if not rs:
             print(f"| {name} | failed | | | | | | | | | | |")

@@ -3,8 +3,9 @@
 //! 2. **batch** (folios under 2 MiB): the LRU entries right behind it that continue it in
 //!    the address space join it (`extend_batch`), up to 2 MiB;
 //! 3. **move out** the run with one UFFDIO_MOVE into a staging hole (`move_out`): atomic,
-//!    from that instant an access faults and waits on the folio lock; then mark each
-//!    member SwapCache+WRITEBACK and unlock it;
+//!    from that instant an access faults and waits on the folio lock (copy mode, without
+//!    UFFDIO_MOVE: write-protect, copy out, zap, `copy_out`); then mark each member
+//!    SwapCache+WRITEBACK and unlock it;
 //! 4. **store** each member (`store_member`, or `store_batch` when file writes go out in
 //!    one submission) into the tiers (`tier.rs`) without any lock held;
 //! 5. **publish** under the lock again (`finish_eviction` → `publish`), unless a fault

@@ -7,9 +7,11 @@
 //!
 //! The engine opens two userfaultfds (see `ARCHITECTURE.md` in this repository):
 //! one registered in MISSING mode on application regions (faults and REMOVE/UNMAP/REMAP
-//! events arrive there), and one registered in WP mode on staging areas, which makes them
-//! valid `UFFDIO_MOVE` destinations without turning the engine's own accesses to staging
-//! into userfaults or its own `MADV_DONTNEED`s into events.
+//! events arrive there; in copy mode WP too, for evictions), and one registered in WP
+//! mode on staging areas, which makes them valid `UFFDIO_MOVE` destinations without
+//! turning the engine's own accesses to staging into userfaults or its own
+//! `MADV_DONTNEED`s into events. Where the kernel lacks `UFFD_FEATURE_MOVE` (before 6.8)
+//! neither asks for it and the engine runs in copy mode ([`InstallMode::Copy`]).
 //!
 //! **Who may open one.** The plain `userfaultfd(2)` needs CAP_SYS_PTRACE or
 //! `vm.unprivileged_userfaultfd=1`; `/dev/userfaultfd` (Linux 6.1+) needs access to the
