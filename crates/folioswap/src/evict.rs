@@ -27,7 +27,8 @@ use crate::mm::{Mm, Reclaimed};
 use crate::own_zaps::programs_pieces;
 use crate::release::{release_after_install, release_staged};
 use crate::size::{FolioSize, HUGE_SIZE, PAGE_SIZE};
-use crate::staging::{Slot, Staged};
+use crate::stages::{self, Stage};
+use crate::staging::Staged;
 use crate::table::FolioTable;
 use crate::tier::{Placed, SwapOutError, WriteBatch};
 use crate::uffd::InstallMode;
@@ -65,6 +66,14 @@ struct Member {
 
 /// Evict from the LRU head: one 2 MiB folio, or a batch of smaller ones.
 pub(crate) fn shrink_one(mm: &Mm, scratch: &mut CodecScratch, who: Reclaimer) -> Reclaimed {
+    let outer = stages::begin();
+    let outcome = shrink_one_timed(mm, scratch, who);
+    stages::end(outer);
+    outcome
+}
+
+fn shrink_one_timed(mm: &Mm, scratch: &mut CodecScratch, who: Reclaimer) -> Reclaimed {
+    let times = &mm.counters.stages;
     let Some(_active) = mm.reclaim.begin_work(&mm.memcg) else {
         return Reclaimed::Nothing;
     };
@@ -84,9 +93,17 @@ pub(crate) fn shrink_one(mm: &Mm, scratch: &mut CodecScratch, who: Reclaimer) ->
     if !folio.is_huge() {
         extend_batch(mm, &mut run, folio);
     }
-    // 3. Move out.
-    let slot = match mm.staging.take_hole(FolioSize::M2.order(), &mm.memcg) {
-        Ok(slot) => slot,
+    stages::lap(times, Stage::EvictPick);
+    // 3. Move out: a 2 MiB folio into a slot of its own, a run of smaller ones into the
+    // open batch slot.
+    let count = run.len();
+    let space = if folio.is_huge() {
+        mm.staging.take_hole(folio.order(), &mm.memcg).map(|slot| Staged { slot, page: 0 })
+    } else {
+        mm.staging.take_batch_space((count * folio.pages()) as u32, count as u32, &mm.memcg)
+    };
+    let at = match space {
+        Ok(at) => at,
         Err(err) => {
             eprintln!("folioswap: no staging for eviction: {err}");
             unlock_run(mm, run, true);
@@ -94,16 +111,23 @@ pub(crate) fn shrink_one(mm: &Mm, scratch: &mut CodecScratch, who: Reclaimer) ->
         }
     };
     let (table, head) = (run[0].0.table.clone(), run[0].0.page);
+    let dst = mm.staging.staged_addr(at);
     let out = match mm.install {
-        InstallMode::Move => move_out(mm, &table, head, folio, run.len(), slot),
-        InstallMode::Copy => copy_out(mm, &table, head, folio, run.len(), slot),
+        InstallMode::Move => move_out(mm, &table, head, folio, count, dst),
+        InstallMode::Copy => copy_out(mm, &table, head, folio, count, dst),
     };
     if let Err(err) = out {
-        mm.staging.put_hole(slot);
+        // The space is empty again (moved back, or its copy discarded).
+        if folio.is_huge() {
+            mm.staging.put_hole(at.slot);
+        } else {
+            (0..count).for_each(|_| mm.staging.end_batch_member(at.slot, 0, &mm.memcg));
+        }
         unlock_run(mm, run, err == MoveOutError::TryLater);
         return Reclaimed::Busy;
     }
-    let members = into_swap_cache(mm, &table, head, folio, slot, run);
+    let members = into_swap_cache(mm, &table, head, folio, at, run);
+    stages::lap(times, Stage::EvictMoveOut);
     // 4. Store. With a swap file, the members (or split pages) bound for it are written
     // in one submission before any is published; otherwise each member is published as
     // soon as it is stored, so that a fault wanting it back waits for its own store only.
@@ -112,12 +136,21 @@ pub(crate) fn shrink_one(mm: &Mm, scratch: &mut CodecScratch, who: Reclaimer) ->
         _ => Vec::new(),
     }
     .into_iter();
+    if stored.len() > 0 {
+        stages::lap(times, Stage::EvictStore);
+    }
     // 5. Publish or put back. Progress if any member left memory; PoolFull only if the
     // tiers refused them all.
     let mut outcome = Reclaimed::Busy;
     for m in &members {
-        let result = stored.next().unwrap_or_else(|| store_member(mm, m.at, folio, scratch, None));
-        match finish_eviction(mm, m, folio, result, who) {
+        let result = stored.next().unwrap_or_else(|| {
+            let r = store_member(mm, m.at, folio, scratch, None);
+            stages::lap(times, Stage::EvictStore);
+            r
+        });
+        let finished = finish_eviction(mm, m, folio, result, who);
+        stages::lap(times, Stage::EvictPublish);
+        match finished {
             Reclaimed::Freed => outcome = Reclaimed::Freed,
             Reclaimed::PoolFull if outcome != Reclaimed::Freed => outcome = Reclaimed::PoolFull,
             _ => {}
@@ -199,9 +232,9 @@ fn unlock_run(mm: &Mm, run: Vec<(LruEntry, State)>, requeue: bool) {
     }
 }
 
-/// MOVE `count` consecutive folios out of their region into `slot`, under the gate. On
-/// failure whatever moved is moved back, so the folios stay whole where they were.
-fn move_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: usize, slot: Slot) -> Result<(), MoveOutError> {
+/// MOVE `count` consecutive folios out of their region into staging at `dst`, under the
+/// gate. On failure whatever moved is moved back, so the folios stay whole where they were.
+fn move_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: usize, dst: usize) -> Result<(), MoveOutError> {
     let _gate = mm.gate.read().unwrap();
     if (0..count).any(|i| table.entry(head + i * folio.pages()).load().has(PENDING)) {
         return Err(MoveOutError::TryLater);
@@ -209,7 +242,6 @@ fn move_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
     let Some(addr) = table.folio_addr(head, count * folio.pages()) else {
         return Err(MoveOutError::TryLater);
     };
-    let dst = mm.staging.addr(slot);
     let len = count * folio.bytes();
     let mut done = 0;
     // MOVE takes only pages this process owns alone; after a fork they are shared with
@@ -253,9 +285,8 @@ fn move_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
 /// A write that waited on the protection faults again on the zapped page and is served
 /// once the folio is published. Before the zap every failure lifts the protection and
 /// gives the run back untouched.
-fn copy_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: usize, slot: Slot) -> Result<(), MoveOutError> {
+fn copy_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: usize, dst: usize) -> Result<(), MoveOutError> {
     let len = count * folio.bytes();
-    let dst = mm.staging.addr(slot);
     let addr = {
         let _gate = mm.gate.read().unwrap();
         if (0..count).any(|i| table.entry(head + i * folio.pages()).load().has(PENDING)) {
@@ -274,12 +305,12 @@ fn copy_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
                 }
             };
         }
-        // SAFETY: `dst` is the slot this eviction owns, `len` bytes of staging memory no
-        // reference points into.
+        // SAFETY: `dst` is staging space this eviction owns, `len` bytes no reference
+        // points into.
         let copied = mm.staging.all_mapped(addr, len) && unsafe { crate::sys::read_own_memory(dst, addr, len) } == len;
         if !copied {
             let _ = mm.uffd.writeprotect(addr, len, false);
-            mm.staging.discard_slot(slot);
+            mm.staging.discard(dst, len);
             return Err(MoveOutError::TryLater);
         }
         addr
@@ -300,7 +331,7 @@ fn copy_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
         eprintln!("folioswap: zapping {len} bytes at {addr:#x} after copying them out failed: {}", std::io::Error::last_os_error());
     }
     for (start, end) in programs_pieces(addr, pieces) {
-        // SAFETY: inside the slot this eviction owns; nothing else references it.
+        // SAFETY: inside the staging space this eviction owns; nothing else references it.
         unsafe { std::ptr::write_bytes((dst + (start - addr)) as *mut u8, 0, end - start) };
     }
     Ok(())
@@ -327,12 +358,9 @@ fn break_cow(mm: &Mm, addr: usize, len: usize) -> bool {
     unsafe { crate::sys::madvise(addr as *mut libc::c_void, len, crate::sys::MADV_POPULATE_WRITE) == 0 }
 }
 
-/// The run is in `slot`: advance the eviction clock, and make each member SwapCache
-/// under WRITEBACK (its copy being stored), charged as swap cache, unlocked.
-fn into_swap_cache(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, slot: Slot, run: Vec<(LruEntry, State)>) -> Vec<Member> {
-    if !folio.is_huge() {
-        mm.staging.begin_batch(slot, run.len() as u32);
-    }
+/// The run is in staging from `first` on: advance the eviction clock, and make each member
+/// SwapCache under WRITEBACK (its copy being stored), charged as swap cache, unlocked.
+fn into_swap_cache(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, first: Staged, run: Vec<(LruEntry, State)>) -> Vec<Member> {
     let pages = folio.pages();
     let clock = mm.lru.tick((run.len() * pages) as u32);
     mm.reclaim.begin_store(run.len());
@@ -341,7 +369,7 @@ fn into_swap_cache(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, s
     let mut members = Vec::with_capacity(run.len());
     for (i, (victim, s)) in run.into_iter().enumerate() {
         let e = victim.table.entry(victim.page);
-        let at = Staged { slot, page: (i * pages) as u32 };
+        let at = Staged { slot: first.slot, page: first.page + (i * pages) as u32 };
         let evicted_at = clock.wrapping_add((i * pages) as u32);
         e.set_evicted_at(evicted_at);
         if let (Some(log), Some(addr)) = (&mm.ra.log, first_addr) {

@@ -39,6 +39,7 @@ use crate::mm::Mm;
 use crate::readahead::{install_readahead, readahead_after_fault};
 use crate::release::{release_after_install, release_staged};
 use crate::size::{FolioSize, PAGE_SIZE};
+use crate::stages::{self, Stage};
 use crate::staging::{Staged, Taken};
 use crate::table::FolioTable;
 use crate::tier::{LoadError, Tiers};
@@ -152,6 +153,13 @@ fn serve_message(mm: &Arc<Mm>, addr: usize, tid: u32) {
 
 /// Serve a fault at `addr`. Returns once the folio is mapped (or the fault failed).
 pub(crate) fn handle_fault(mm: &Arc<Mm>, addr: usize) -> FaultOutcome {
+    let outer = stages::begin();
+    let outcome = handle_fault_timed(mm, addr);
+    stages::end(outer);
+    outcome
+}
+
+fn handle_fault_timed(mm: &Arc<Mm>, addr: usize) -> FaultOutcome {
     let start = Instant::now();
     loop {
         let Some((entry, page)) = ADDRESS_MAP.lookup(addr) else {
@@ -173,6 +181,9 @@ pub(crate) fn handle_fault(mm: &Arc<Mm>, addr: usize) -> FaultOutcome {
                 // A split folio's pages are not read ahead: the window is in folios.
                 if folio == entry.table.folio {
                     readahead_after_fault(mm, &entry.table, head, folio, hit);
+                }
+                if !hit {
+                    stages::lap(&mm.counters.stages, Stage::SwapinReadahead);
                 }
                 return FaultOutcome::Served;
             }
@@ -235,6 +246,9 @@ fn resolve(mm: &Mm, table: &Arc<FolioTable>, page: usize) -> Step {
     e.unlock();
     if let Step::Done(folio) | Step::SwappedIn { folio, .. } = step {
         wake_folio(mm, table, target, folio);
+    }
+    if let Step::SwappedIn { hit: false, .. } = step {
+        stages::lap(&mm.counters.stages, Stage::SwapinWake);
     }
     step
 }
@@ -359,11 +373,14 @@ fn fault_swapcache(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: Folio
 /// install it, free the entry or the slots. A load that fails (corrupt entry, read
 /// error, checksum mismatch) fails the fault and keeps the data where it was.
 fn fault_swapin(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSize, s: State) -> Step {
+    let times = &mm.counters.stages;
+    stages::lap(times, Stage::SwapinLookup);
     let bytes = folio.bytes() as u64;
     let _charge = match reserve(mm, bytes) {
         Ok(charge) => charge,
         Err(oom) => return Step::Fail(FaultError::Charge(oom)),
     };
+    stages::lap(times, Stage::SwapinCharge);
     let e = table.entry(target);
     let handle = e.handle();
     let Taken { slot, from_reserve, huge } = match mm.staging.take_filled(folio.order()) {
@@ -379,6 +396,7 @@ fn fault_swapin(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSiz
     } else {
         mm.counters.vm.staging_populated.inc();
     }
+    stages::lap(times, Stage::SwapinStaging);
     // SAFETY: we own the slot until we put it back, and nothing else maps it.
     let dst = unsafe { mm.staging.slice_mut(slot) };
     if let Err(err) = mm.tiers.load(s.kind(), handle, dst, &mm.counters) {
@@ -386,7 +404,10 @@ fn fault_swapin(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSiz
         mm.memcg.uncharge(Component::Resident, bytes);
         return Step::Fail(FaultError::SwapIn { folio, page: target, err });
     }
-    match install_slot(mm, table, target, folio, slot) {
+    stages::lap(times, Stage::SwapinLoad);
+    let installed = install_slot(mm, table, target, folio, slot);
+    stages::lap(times, Stage::SwapinInstall);
+    match installed {
         Ok(how) => {
             mm.tiers.free(s.kind(), handle, folio);
             release_after_install(mm, slot, how, huge);
@@ -397,6 +418,7 @@ fn fault_swapin(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSiz
             if folio.is_huge() && !huge {
                 mm.counters.size(folio).swpin_fallback.inc();
             }
+            stages::lap(times, Stage::SwapinFinish);
             Step::SwappedIn { folio, head: target, hit: false }
         }
         Err(err) => {

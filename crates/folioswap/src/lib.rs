@@ -18,7 +18,8 @@
 //! `ARCHITECTURE.md` at the repository root walks a fault and an eviction through them):
 //!
 //! - primitives: `sys` (raw mappings), `size`, `uffd` (the raw ioctls), `smaps`,
-//!   `config`, `error`, `stats` (counters under the kernel's names);
+//!   `config`, `error`, `stats` (counters under the kernel's names), `stages` (the
+//!   sampled stage times of swap-ins and evictions);
 //! - state, no behaviour beyond its own invariants: `folio` (the state machine),
 //!   `ra_window`, `table` (a region's folio table), `memcg` (charges and watermarks),
 //!   `staging`, `lru`, `reclaim_ctl`, `event_queue`, `own_zaps`, `ra_cache`, `zswap/` (the pool),
@@ -36,6 +37,7 @@ mod config;
 mod error;
 mod size;
 mod smaps;
+mod stages;
 mod stats;
 mod sys;
 mod uffd;
@@ -83,6 +85,7 @@ pub use region::Region;
 pub use region::RegionOptions;
 pub use size::{format_bytes, parse_bytes, physical_memory, FolioSize, PoolLimit, SizeError, HUGE_SIZE, PAGE_SIZE};
 pub use smaps::anon_huge_bytes;
+pub use stages::{StageMean, StageStat};
 pub use stats::{Latency, MemoryStat, RegionReadahead, SizeStat, Stats, SwapIoStats, SwapStat, VmStat};
 pub use uffd::{InstallMode, UffdMode};
 pub use zswap::{Codec, CodecScratch};

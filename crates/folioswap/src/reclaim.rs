@@ -76,12 +76,13 @@ pub(crate) fn direct_reclaim(mm: &Mm) -> DirectReclaim {
     }
 }
 
-/// Memory is short and nothing can be evicted: empty the staging reserve, or failing
+/// Memory is short and nothing can be evicted: empty the staging reserve (and the open
+/// batch slot, if its members are done), or failing
 /// that drop the unused readahead copies, or failing that give the pool's free but
 /// populated pages back (its slack, which counts against memory_high when the pool is
 /// charged). Returns the bytes freed.
 pub(crate) fn shrink_caches(mm: &Mm) -> u64 {
-    let freed = mm.staging.drain_reserve(&mm.memcg);
+    let freed = mm.staging.drain_reserve(&mm.memcg) + mm.staging.close_open_batch(&mm.memcg);
     if freed > 0 {
         return freed;
     }

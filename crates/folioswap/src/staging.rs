@@ -16,11 +16,16 @@
 //! emptied. Under memory pressure the reserve is emptied before any fault is refused.
 //!
 //! Folios below 2 MiB are evicted in *batches*: a run of address-contiguous folios from
-//! the LRU head moves out with one UFFDIO_MOVE into one 2 MiB slot, because every MOVE
+//! the LRU head moves out with one UFFDIO_MOVE into a 2 MiB batch slot, because every MOVE
 //! flushes the TLB of every CPU the process runs on, and an inter-processor interrupt is
 //! a VM exit here: 256 separate 4 KiB moves cost 232 shootdowns and 3.2 ms, one 1 MiB
-//! move of the same pages one shootdown and 41 µs. Each member is then compressed from
-//! its offset; the slot is emptied with one MADV_DONTNEED when its last member is done.
+//! move of the same pages one shootdown and 41 µs. Runs are appended to one *open* batch
+//! slot until it is full (`take_batch_space`), each at pages never used before in it (a
+//! MOVE needs an empty destination), so that emptying it, one MADV_DONTNEED and so one
+//! more shootdown, is paid per 2 MiB evicted rather than per run: with random access a
+//! run is often a single 4 KiB folio. Each member is compressed from its offset; the slot
+//! is emptied once it is closed (full, or `close_open_batch` when memory is short) and
+//! its last member is done.
 
 use crate::memcg::{Component, MemCg};
 use crate::size::{FolioSize, HUGE_SIZE, PAGE_SIZE};
@@ -71,6 +76,14 @@ struct Batch {
     left_bytes: u64,
 }
 
+/// The batch slots with members, and the open one runs are appended to: its index and
+/// its next unused page.
+#[derive(Default)]
+struct Batches {
+    slots: HashMap<u32, Batch>,
+    open: Option<(u32, u32)>,
+}
+
 struct FreeLists {
     holes: Vec<u32>,
     /// Filled slots and whether their pages are one THP.
@@ -93,7 +106,7 @@ pub(crate) struct Staging {
     reserve_bytes: u64,
     reserved: AtomicU64,
     areas: [OnceLock<Area>; 10],
-    batches: Mutex<HashMap<u32, Batch>>,
+    batches: Mutex<Batches>,
 }
 
 fn madvise(addr: usize, len: usize, advice: i32) -> io::Result<()> {
@@ -134,7 +147,7 @@ impl Staging {
             reserve_bytes: reserve_bytes as u64,
             reserved: AtomicU64::new(0),
             areas: Default::default(),
-            batches: Mutex::new(HashMap::new()),
+            batches: Mutex::new(Batches::default()),
         })
     }
 
@@ -197,30 +210,86 @@ impl Staging {
         unsafe { std::slice::from_raw_parts_mut(self.staged_addr(at) as *mut u8, len) }
     }
 
-    /// A 2 MiB slot now holds `members` folios evicted together.
-    pub fn begin_batch(&self, slot: Slot, members: u32) {
-        self.batches.lock().unwrap().insert(slot.index, Batch { members, left_bytes: 0 });
+    /// Room for an eviction run of `pages` pages and `members` folios in the open batch
+    /// slot, at pages not used before (a valid MOVE destination); a full open slot is
+    /// closed and a fresh 2 MiB hole opened. Each member leaves with `end_batch_member`.
+    pub fn take_batch_space(&self, pages: u32, members: u32, memcg: &MemCg) -> io::Result<Staged> {
+        let slot_pages = (HUGE_SIZE / PAGE_SIZE) as u32;
+        loop {
+            {
+                let mut b = self.batches.lock().unwrap();
+                if let Some((index, next)) = b.open {
+                    if next + pages <= slot_pages {
+                        b.open = Some((index, next + pages));
+                        b.slots.get_mut(&index).expect("the open batch").members += members;
+                        return Ok(Staged { slot: Slot { order: FolioSize::M2.order(), index }, page: next });
+                    }
+                    let done = self.close_locked(&mut b);
+                    drop(b);
+                    if let Some((index, bytes)) = done {
+                        self.release_batch(index, bytes, memcg);
+                    }
+                }
+            }
+            // No lock held: taking a hole may wait for one.
+            let slot = self.take_hole(FolioSize::M2.order(), memcg)?;
+            let mut b = self.batches.lock().unwrap();
+            if b.open.is_some() {
+                // Another evictor opened one meanwhile: use it, give this hole back.
+                drop(b);
+                self.put_hole(slot);
+                continue;
+            }
+            b.slots.insert(slot.index, Batch { members: 0, left_bytes: 0 });
+            b.open = Some((slot.index, 0));
+        }
+    }
+
+    /// Close the open batch slot (memory is short): it is emptied as soon as its last
+    /// member is done, at once if none is left.
+    pub fn close_open_batch(&self, memcg: &MemCg) -> u64 {
+        let done = self.close_locked(&mut self.batches.lock().unwrap());
+        match done {
+            Some((index, bytes)) => {
+                self.release_batch(index, bytes, memcg);
+                bytes
+            }
+            None => 0,
+        }
+    }
+
+    /// Close the open slot; if no member is left in it, forget it and return what to release.
+    fn close_locked(&self, b: &mut Batches) -> Option<(u32, u64)> {
+        let (index, _) = b.open.take()?;
+        (b.slots[&index].members == 0).then(|| (index, b.slots.remove(&index).expect("present").left_bytes))
     }
 
     /// A member of a batch is done with the slot, leaving `left_bytes` of staging memory
     /// in it (its pages, unless it moved them out) charged as StagingFree. The last member
-    /// empties the slot and gives back what they all left.
+    /// of a closed slot empties it and gives back what they all left.
     pub fn end_batch_member(&self, slot: Slot, left_bytes: u64, memcg: &MemCg) {
         let done = {
-            let mut batches = self.batches.lock().unwrap();
-            let b = batches.get_mut(&slot.index).expect("a batch for this slot");
-            b.members -= 1;
-            b.left_bytes += left_bytes;
-            (b.members == 0).then(|| batches.remove(&slot.index).expect("present").left_bytes)
+            let mut b = self.batches.lock().unwrap();
+            let open = b.open.map(|(index, _)| index);
+            let batch = b.slots.get_mut(&slot.index).expect("a batch for this slot");
+            batch.members -= 1;
+            batch.left_bytes += left_bytes;
+            (batch.members == 0 && open != Some(slot.index)).then(|| b.slots.remove(&slot.index).expect("present").left_bytes)
         };
         if let Some(bytes) = done {
-            memcg.uncharge(Component::StagingFree, bytes);
-            let area = self.areas[slot.order as usize].get().expect("mapped");
-            area.give_back(slot.index);
-            if madvise(self.addr(slot), area.slot_bytes, libc::MADV_DONTNEED).is_ok() {
-                area.free.lock().unwrap().holes.push(slot.index);
-                area.available.notify_one();
-            }
+            self.release_batch(slot.index, bytes, memcg);
+        }
+    }
+
+    /// Empty a batch slot nobody refers to any more and give back the `bytes` left in it.
+    fn release_batch(&self, index: u32, bytes: u64, memcg: &MemCg) {
+        memcg.uncharge(Component::StagingFree, bytes);
+        let slot = Slot { order: FolioSize::M2.order(), index };
+        let area = self.areas[slot.order as usize].get().expect("mapped");
+        area.give_back(slot.index);
+        if madvise(self.addr(slot), area.slot_bytes, libc::MADV_DONTNEED).is_ok() {
+            area.free.lock().unwrap().holes.push(slot.index);
+            area.available.notify_one();
         }
     }
 
@@ -399,12 +468,6 @@ impl Staging {
         self.pagemap.all_mapped(addr, len)
     }
 
-    /// Empty a slot this thread holds, so it can go back as a hole.
-    pub fn discard_slot(&self, slot: Slot) {
-        let area = self.areas[slot.order as usize].get().expect("mapped");
-        let _ = madvise(self.addr(slot), area.slot_bytes, libc::MADV_DONTNEED);
-    }
-
     /// Whether every page of `[addr, addr + len)` is present.
     pub fn all_present(&self, addr: usize, len: usize) -> bool {
         self.pagemap.present_bytes(addr, len).is_ok_and(|n| n == len)
@@ -428,6 +491,11 @@ impl Staging {
             }
         }
         released
+    }
+
+    /// Empty `[addr, addr + len)` of staging this thread holds (a copy given up).
+    pub fn discard(&self, addr: usize, len: usize) {
+        let _ = madvise(addr, len, libc::MADV_DONTNEED);
     }
 
     /// Empty a slot's pages in `[offset, offset + len)` (used to punch removed pages out).

@@ -8,6 +8,7 @@
 //! counters count folios of that size, as the mTHP stats do.
 
 use crate::size::FolioSize;
+use crate::stages::{StageStat, StageTimes};
 pub use crate::swapfile::io::SwapIoStats;
 use crate::uffd::{InstallMode, UffdMode};
 use serde::Serialize;
@@ -265,6 +266,8 @@ pub(crate) struct Counters {
     pub fault_latency: [Histogram; 10],
     /// Swap-in faults: [0] decompressed or read, [1] served from a readahead copy.
     pub swapin_latency: [Histogram; 2],
+    /// Sampled stage times of swap-ins and evictions (`stages.rs`).
+    pub stages: StageTimes,
 }
 
 impl Counters {
@@ -368,6 +371,9 @@ pub struct Stats {
     /// Fault-service latency per folio size, overall ("all"), and for swap-ins that missed
     /// the readahead cache ("swapin_miss") or hit it ("swapin_ra_hit").
     pub fault_latency: BTreeMap<String, Latency>,
+    /// Where a swap-in fault's and an eviction's time goes, stage by stage, in the order
+    /// the stages run: means over one operation in 16 (`stages.rs`).
+    pub stages: StageStat,
 }
 
 impl Stats {
@@ -395,7 +401,7 @@ impl Stats {
                 fault_latency.insert(name.to_string(), lat);
             }
         }
-        Stats { uffd, install, vm: counters.vm.snapshot(), memory, swap, per_size, fault_latency }
+        Stats { uffd, install, vm: counters.vm.snapshot(), memory, swap, per_size, fault_latency, stages: counters.stages.snapshot() }
     }
 
     /// Per-size counters of one folio size (zeros if it saw no activity).
