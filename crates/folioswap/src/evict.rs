@@ -22,6 +22,7 @@
 
 use crate::events::{apply_pending_after_publish, apply_pending_locked};
 use crate::folio::{Kind, State, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
+use crate::gate::pump_events;
 use crate::install::{install_copy, install_slot, transfer, wake_folio, HaltReason, Transfer};
 use crate::lru::LruEntry;
 use crate::memcg::Component;
@@ -290,7 +291,7 @@ fn move_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
 fn copy_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: usize, dst: usize) -> Result<(), MoveOutError> {
     let len = count * folio.bytes();
     let addr = {
-        let _gate = mm.gate.read().unwrap();
+        let gate = mm.gate.read().unwrap();
         if (0..count).any(|i| table.entry(head + i * folio.pages()).load().has(PENDING)) {
             return Err(MoveOutError::TryLater);
         }
@@ -298,9 +299,17 @@ fn copy_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
             return Err(MoveOutError::TryLater);
         };
         if let Err(err) = mm.uffd.writeprotect(addr, len, true) {
-            // EAGAIN: an event is queued; ENOENT/EINVAL: the range changed under us.
+            // EAGAIN: an event is queued on the region's userfaultfd, and until it is read
+            // no write-protect (so no copy-mode eviction) can succeed: read it now, since
+            // every fault thread may be in direct reclaim waiting for this eviction.
+            // ENOENT/EINVAL: the range changed under us.
             return match err.errno {
-                libc::EAGAIN | libc::ENOENT | libc::EINVAL | libc::EFAULT => Err(MoveOutError::TryLater),
+                libc::EAGAIN => {
+                    drop(gate);
+                    pump_events(mm);
+                    Err(MoveOutError::TryLater)
+                }
+                libc::ENOENT | libc::EINVAL | libc::EFAULT => Err(MoveOutError::TryLater),
                 _ => {
                     eprintln!("folioswap: write-protecting {len} bytes at {addr:#x} for eviction failed: {err}");
                     Err(MoveOutError::Failed)
