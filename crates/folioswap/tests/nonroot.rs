@@ -55,7 +55,10 @@ fn library_swaps_as_nobody() {
             }
             let after = e.stats();
             assert!(after.vm.zswpout > before.vm.zswpout, "{folio}: nothing was swapped out: {:?}", after.vm);
-            assert!(after.vm.zswpin > before.vm.zswpin, "{folio}: nothing was swapped in: {:?}", after.vm);
+            // The charged pool writes its oldest entries back to the swap file made on
+            // demand, so a folio may come back from either tier.
+            let swapped_in = |s: &folioswap::Stats| s.vm.zswpin + s.vm.pswpin;
+            assert!(swapped_in(&after) > swapped_in(&before), "{folio}: nothing was swapped in: {:?}", after.vm);
             assert!(after.memory.charged_bytes <= 16 * MIB as u64, "{folio}: over the limit: {:?}", after.memory);
         }
     });
