@@ -49,6 +49,10 @@ pub struct UsememArgs {
     /// Swap large folios as 4 KiB pages, as the kernel did before THP swap.
     #[arg(long)]
     split: bool,
+    /// How much of a large folio a swap-in brings back: always, never or adaptive
+    /// (default: FOLIOSWAP_SWAPIN_ENABLED or adaptive).
+    #[arg(long)]
+    swapin: Option<String>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -145,6 +149,7 @@ struct RunConfig {
     pattern: Pattern,
     compressor: String,
     split_swap: bool,
+    swapin_enabled: String,
     fault_mode: String,
     /// The engine's userfaultfd: "full", or "user-mode-only" (an ordinary user).
     uffd: String,
@@ -182,6 +187,9 @@ fn build_config(args: &UsememArgs) -> folioswap::Result<Config> {
     }
     if args.split {
         c = c.split_swap(true);
+    }
+    if let Some(p) = &args.swapin {
+        c = c.set("FOLIOSWAP_SWAPIN_ENABLED", p)?;
     }
     if args.charge_pool {
         c = c.charge_pool(true);
@@ -467,6 +475,7 @@ pub fn run(args: UsememArgs) -> Result<bool, String> {
             pattern: args.pattern,
             compressor: config.compressor.to_string(),
             split_swap: config.split_swap,
+            swapin_enabled: config.swapin_enabled.to_string(),
             fault_mode: config.fault_mode.to_string(),
             uffd: engine.uffd_mode().to_string(),
             install: engine.install_mode().to_string(),
@@ -496,12 +505,13 @@ fn print_table(r: &Report) {
     let c = &r.config;
     let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1 << 20) as f64);
     println!(
-        "usemem: {} threads x {}, memory_high {}, folio {}, {} {:?}, {} rounds, {}, fault mode {}, uffd {} ({}), lru {}",
+        "usemem: {} threads x {}, memory_high {}, folio {}, {}, swap-in {}, {:?}, {} rounds, {}, fault mode {}, uffd {} ({}), lru {}",
         c.threads,
         format_bytes(c.size),
         c.memory_high.map(format_bytes).unwrap_or_else(|| "max".into()),
         c.folio,
         if c.split_swap { "split swap (4K pages)" } else { "whole-folio swap" },
+        c.swapin_enabled,
         c.pattern,
         c.rounds,
         c.compressor,

@@ -132,6 +132,12 @@ pub(crate) fn reserve(mm: &Mm, bytes: u64) -> Result<Reservation<'_>, Oom> {
             usage_at_try = now;
             continue;
         }
+        // Another thread may have refilled a cache since it was emptied above (a swap-in
+        // or an eviction that put its staging slot back into the reserve): usage is then
+        // no lower, but not stuck. Empty it again before giving up.
+        if (mm.hooks.shrink_caches)(mm) > 0 {
+            continue;
+        }
         if let Some(shared) = mm.memcg.shared() {
             // Nothing of ours to reclaim: the other processes sharing the limit must
             // make room. Give them time, then go past the limit rather than fail.

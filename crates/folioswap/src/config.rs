@@ -136,6 +136,46 @@ impl FromStr for LruPolicy {
     }
 }
 
+/// How much of a large folio a swap-in brings back (seed 000's `swapin_enabled`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SwapinPolicy {
+    /// The whole folio, always; large folios are stored as one compressed stream.
+    Always,
+    /// Only the page that faulted: a large folio in the pool is split into 4 KiB pages,
+    /// each fetched by its own fault, as the kernel swaps in without mTHP swap-in.
+    Never,
+    /// The whole folio when the fault looks sequential (at the folio's first or last
+    /// page, or next to one of the region's recent swap-ins), else only the page.
+    Adaptive,
+}
+
+impl SwapinPolicy {
+    pub const ACCEPTED: &'static str = "always, never or adaptive";
+}
+
+impl fmt::Display for SwapinPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SwapinPolicy::Always => "always",
+            SwapinPolicy::Never => "never",
+            SwapinPolicy::Adaptive => "adaptive",
+        })
+    }
+}
+
+impl FromStr for SwapinPolicy {
+    type Err = ();
+    fn from_str(s: &str) -> std::result::Result<Self, ()> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "always" => Ok(SwapinPolicy::Always),
+            "never" => Ok(SwapinPolicy::Never),
+            "adaptive" => Ok(SwapinPolicy::Adaptive),
+            _ => Err(()),
+        }
+    }
+}
+
 /// Where the swap file tier lives: a file path (created, refused if it exists) or a
 /// directory (an unlinked `O_TMPFILE` is made there), and its size.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -198,6 +238,10 @@ pub struct Config {
     /// Swap large folios out and in as independent 4 KiB pages, as the kernel did before
     /// THP swap (seed 000's "before"): the baseline every benchmark compares against.
     pub split_swap: bool,
+    /// How much of a large folio a swap-in brings back; a region may set its own
+    /// (`RegionOptions::swapin_enabled`). Not `always`: large folios are stored in the
+    /// pool as 4 KiB pieces so that one page can come back alone.
+    pub swapin_enabled: SwapinPolicy,
     pub fault_mode: FaultMode,
     /// Move pages with `UFFDIO_MOVE` where the kernel has it (6.8+; the default). Off, or
     /// on an older kernel, the engine installs by `UFFDIO_COPY` and evicts by
@@ -258,6 +302,7 @@ impl Default for Config {
             folio_size: FolioSize::M2,
             compressor: Compressor::Lz4,
             split_swap: false,
+            swapin_enabled: SwapinPolicy::Adaptive,
             fault_mode: FaultMode::Thread,
             uffd_move: true,
             fault_threads: 0,
@@ -285,6 +330,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FOLIOSWAP_FOLIO_SIZE", FolioSize::ACCEPTED),
     ("FOLIOSWAP_COMPRESSOR", Compressor::ACCEPTED),
     ("FOLIOSWAP_SPLIT_SWAP", "1/0, true/false, yes/no or on/off"),
+    ("FOLIOSWAP_SWAPIN_ENABLED", SwapinPolicy::ACCEPTED),
     ("FOLIOSWAP_FAULT_MODE", FaultMode::ACCEPTED),
     ("FOLIOSWAP_UFFD_MOVE", "1/0, true/false, yes/no or on/off"),
     ("FOLIOSWAP_FAULT_THREADS", "a thread count from 0 (one per CPU) to 1024"),
@@ -354,6 +400,10 @@ impl Config {
             "FOLIOSWAP_FOLIO_SIZE" => self.parse_folio_size(var, value)?,
             "FOLIOSWAP_COMPRESSOR" => self.parse_compressor(var, value)?,
             "FOLIOSWAP_SPLIT_SWAP" => self.split_swap(parse_bool(var, value)?),
+            "FOLIOSWAP_SWAPIN_ENABLED" => {
+                let policy = value.parse().map_err(|_| Error::config(var, value, SwapinPolicy::ACCEPTED))?;
+                self.swapin_enabled(policy)
+            }
             "FOLIOSWAP_FAULT_MODE" => {
                 let mode = value.parse().map_err(|_| Error::config(var, value, FaultMode::ACCEPTED))?;
                 self.fault_mode(mode)
@@ -517,6 +567,10 @@ impl Config {
     }
     pub fn reclaim_threads(mut self, n: usize) -> Config {
         self.reclaim_threads = n;
+        self
+    }
+    pub fn swapin_enabled(mut self, policy: SwapinPolicy) -> Config {
+        self.swapin_enabled = policy;
         self
     }
     pub fn lru(mut self, policy: LruPolicy) -> Config {
@@ -705,6 +759,7 @@ mod tests {
             "FOLIOSWAP_FOLIO_SIZE" => c.folio_size.to_string(),
             "FOLIOSWAP_COMPRESSOR" => c.compressor.to_string(),
             "FOLIOSWAP_SPLIT_SWAP" => c.split_swap.to_string(),
+            "FOLIOSWAP_SWAPIN_ENABLED" => c.swapin_enabled.to_string(),
             "FOLIOSWAP_FAULT_MODE" => c.fault_mode.to_string(),
             "FOLIOSWAP_UFFD_MOVE" => c.uffd_move.to_string(),
             "FOLIOSWAP_FAULT_THREADS" => c.fault_threads.to_string(),

@@ -20,6 +20,7 @@
 //! one more shootdown per 2 MiB evicted, not per run; which is also why small folios are
 //! installed back by UFFDIO_COPY, leaving the slot's pages put.
 
+use crate::config::SwapinPolicy;
 use crate::events::{apply_pending_after_publish, apply_pending_locked};
 use crate::folio::{Kind, State, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
 use crate::gate::pump_events;
@@ -33,7 +34,7 @@ use crate::size::{FolioSize, HUGE_SIZE, PAGE_SIZE};
 use crate::stages::{self, Stage};
 use crate::staging::Staged;
 use crate::table::FolioTable;
-use crate::tier::{Placed, SwapOutError, WriteBatch};
+use crate::tier::{Evicted, Placed, SwapOutError, WriteBatch};
 use crate::uffd::InstallMode;
 use crate::zswap::CodecScratch;
 use std::sync::atomic::Ordering;
@@ -130,12 +131,14 @@ fn shrink_one_timed(mm: &Mm, scratch: &mut CodecScratch, who: Reclaimer) -> Recl
         return Reclaimed::Busy;
     }
     let members = into_swap_cache(mm, &table, head, folio, at, run);
+    // A large folio goes into the pool as pieces unless its region always swaps in whole.
+    let pieced = folio.order() > 0 && table.swapin != SwapinPolicy::Always;
     stages::lap(times, Stage::EvictMoveOut);
     // 4. Store. With a swap file, the members (or split pages) bound for it are written
     // in one submission before any is published; otherwise each member is published as
     // soon as it is stored, so that a fault wanting it back waits for its own store only.
     let mut stored = match mm.tiers.file {
-        Some(_) if members.len() > 1 || mm.config.split_swap => store_batch(mm, &members, folio, scratch),
+        Some(_) if members.len() > 1 || mm.config.split_swap => store_batch(mm, &members, folio, pieced, scratch),
         _ => Vec::new(),
     }
     .into_iter();
@@ -147,7 +150,7 @@ fn shrink_one_timed(mm: &Mm, scratch: &mut CodecScratch, who: Reclaimer) -> Recl
     let mut outcome = Reclaimed::Busy;
     for m in &members {
         let result = stored.next().unwrap_or_else(|| {
-            let r = store_member(mm, m.at, folio, scratch, None);
+            let r = store_member(mm, m.at, folio, pieced, scratch, None);
             stages::lap(times, Stage::EvictStore);
             r
         });
@@ -397,13 +400,19 @@ fn into_swap_cache(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, f
 
 /// Store the members of an eviction batch, queueing their file writes and issuing them
 /// in one submission.
-fn store_batch(mm: &Mm, members: &[Member], folio: FolioSize, scratch: &mut CodecScratch) -> Vec<Result<Vec<Placed>, SwapOutError>> {
+fn store_batch(
+    mm: &Mm,
+    members: &[Member],
+    folio: FolioSize,
+    pieced: bool,
+    scratch: &mut CodecScratch,
+) -> Vec<Result<Vec<Placed>, SwapOutError>> {
     let mut batch = WriteBatch::new();
     let mut spans = Vec::with_capacity(members.len());
     let mut results = Vec::with_capacity(members.len());
     for m in members {
         let start = batch.len();
-        results.push(store_member(mm, m.at, folio, scratch, Some(&mut batch)));
+        results.push(store_member(mm, m.at, folio, pieced, scratch, Some(&mut batch)));
         spans.push(start..batch.len());
     }
     mm.tiers.write_batch(&batch, &spans, &mut results, &mm.counters);
@@ -416,6 +425,7 @@ fn store_member<'a>(
     mm: &'a Mm,
     at: Staged,
     folio: FolioSize,
+    pieced: bool,
     scratch: &mut CodecScratch,
     mut batch: Option<&mut WriteBatch<'a>>,
 ) -> Result<Vec<Placed>, SwapOutError> {
@@ -423,12 +433,13 @@ fn store_member<'a>(
     // pages away or writes them until finish_eviction takes the lock again.
     let data: &[u8] = unsafe { mm.staging.staged_slice(at, folio.bytes()) };
     if !(mm.config.split_swap && folio.order() > 0) {
-        return mm.tiers.store(data, folio, scratch, batch, &mm.counters, &mm.reclaim);
+        return mm.tiers.store(Evicted { data, folio, pieced }, scratch, batch, &mm.counters, &mm.reclaim);
     }
     let mut placed = Vec::with_capacity(folio.pages());
     let queued = batch.as_ref().map_or(0, |b| b.len());
     for page in data.chunks(PAGE_SIZE) {
-        match mm.tiers.store(page, FolioSize::K4, scratch, batch.as_deref_mut(), &mm.counters, &mm.reclaim) {
+        let page = Evicted { data: page, folio: FolioSize::K4, pieced: false };
+        match mm.tiers.store(page, scratch, batch.as_deref_mut(), &mm.counters, &mm.reclaim) {
             Ok(p) => placed.extend(p),
             Err(err) => {
                 // Unqueue this folio's writes before its slots are freed.

@@ -29,13 +29,14 @@
 
 use crate::addrmap::ADDRESS_MAP;
 use crate::charge::{reserve, Oom};
-use crate::config::LruPolicy;
+use crate::config::{LruPolicy, SwapinPolicy};
 use crate::events::{apply_pending_locked, ApplyError};
 use crate::folio::{Kind, State, CACHED, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
 use crate::gate::{pump_events, read_messages};
 use crate::install::{install_copy, install_slot, install_zero, wake_folio, zero_page, InstallError, Installed};
 use crate::memcg::Component;
 use crate::mm::Mm;
+use crate::ra_window::swapin_whole;
 use crate::readahead::{install_readahead, readahead_after_fault};
 use crate::release::{release_after_install, release_staged};
 use crate::size::{FolioSize, PAGE_SIZE};
@@ -240,6 +241,14 @@ fn resolve(mm: &Mm, table: &Arc<FolioTable>, page: usize) -> Step {
         }
         Kind::SwapCache => fault_swapcache(mm, table, target, folio, s),
         Kind::Pool | Kind::Swapped if s.has(CACHED) => fault_ra_hit(mm, table, target, folio, s),
+        Kind::Pool | Kind::Swapped if !split && swapin_in_part(table, page, folio) => {
+            if split_on_swapin(mm, table, target, folio, s) {
+                // Now order-0 pages: the retry swaps in the one that faulted.
+                e.unlock();
+                return Step::Retry;
+            }
+            fault_swapin(mm, table, target, folio, s)
+        }
         Kind::Pool | Kind::Swapped => fault_swapin(mm, table, target, folio, s),
         Kind::Gone => Step::NotOurs,
     };
@@ -427,6 +436,68 @@ fn fault_swapin(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSiz
             failed(FaultError::Install(err))
         }
     }
+}
+
+/// Whether a swap-in fault at `page` of an unsplit large folio brings back only that
+/// page (the region's `swapin_enabled`; `ra_window::swapin_whole` judges `adaptive`).
+/// Every large-folio swap-in fault is remembered for the judging of the next.
+fn swapin_in_part(table: &FolioTable, page: usize, folio: FolioSize) -> bool {
+    let pages = folio.pages();
+    let index = page / pages;
+    let partial = match table.swapin {
+        SwapinPolicy::Always => false,
+        SwapinPolicy::Never => true,
+        SwapinPolicy::Adaptive => !swapin_whole(&table.recent_swapins, index, page % pages, pages),
+    };
+    table.recent_swapins.record(index);
+    partial
+}
+
+/// A partial swap-in: split the locked Pool or Swapped folio at `head` into order-0
+/// folios, each page's piece copied into a pool entry of its own (nothing is
+/// decompressed), so that
+/// the faulting page, and later each other one, comes back alone. The pages stay order-0
+/// folios from then on: a split is not undone (`folio.rs`). Done under the gate, as `evict::publish_split`,
+/// so that no event is marked against the unsplit folio meanwhile. A folio on the swap
+/// file splits by its checksums alone: each page keeps its slot. Returns false, the
+/// folio untouched, where it cannot be split: stored in the pool as one stream
+/// (`swapin_enabled` was `always` when it went out), or no room in the pool.
+fn split_on_swapin(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, s: State) -> bool {
+    let e = table.entry(head);
+    let placed = match s.kind() {
+        Kind::Pool => mm.tiers.split_pool_entry(e.handle(), folio, &mm.counters),
+        _ => mm.tiers.split_file_entry(e.handle(), folio),
+    };
+    let Some(placed) = placed else {
+        return false;
+    };
+    let _gate = mm.gate.read().unwrap();
+    let pending = e.load().has(PENDING);
+    let clock = e.evicted_at();
+    for (i, &p) in placed.iter().enumerate() {
+        let pe = table.entry(head + i);
+        let ps = if i == 0 { pe.load() } else { pe.lock() };
+        // A new generation: the folio's own pool-LRU entry (at the head) goes stale.
+        let next = ps.with(HUGE, false).with(WRITEBACK, false).with(CACHED, false).next_gen();
+        let kind = mm.tiers.record_page(table, head + i, next.gen(), p);
+        pe.set_evicted_at(clock);
+        pe.set_locked(next.with_kind(kind));
+        if pending {
+            pe.set_flag(PENDING);
+        }
+        if i != 0 {
+            pe.unlock();
+        }
+    }
+    e.set_locked(e.load().with(SPLIT, true));
+    let sc = mm.counters.size(folio);
+    sc.split.inc();
+    sc.swpin_fallback.inc();
+    if folio.is_huge() {
+        mm.counters.vm.thp_split_page.inc();
+        mm.counters.vm.thp_swpin_fallback.inc();
+    }
+    true
 }
 
 /// A readahead hit: the folio's data is already decompressed (or read) in the readahead

@@ -112,12 +112,17 @@ fn swap_in_for_fork(mm: &Arc<Mm>) {
         while page < end {
             let head = table.head_of(page);
             let split = folio_pages == 1 || table.entry(head).load().has(SPLIT);
-            let next = if split { page + 1 } else { (head + folio_pages).min(end) };
+            let mut next = if split { page + 1 } else { (head + folio_pages).min(end) };
             let kind = table.entry(if split { page } else { head }).load().kind();
             if matches!(kind, Kind::Pool | Kind::Swapped | Kind::SwapCache) {
                 let addr = piece.addr + (page - piece.page) * PAGE_SIZE;
                 if bring_back(mm, addr) {
                     brought += 1;
+                }
+                // A partial swap-in (`swapin_enabled`) split the folio and brought back
+                // only this page: its other pages come back one by one.
+                if !split && table.entry(head).load().has(SPLIT) {
+                    next = page + 1;
                 }
             }
             page = next;

@@ -76,7 +76,7 @@ mod fork;
 mod kernel_access;
 mod region;
 
-pub use config::{Compressor, Config, FaultMode, LruPolicy, SwapFileSpec, ENV_VARS, PRELOAD_VARS};
+pub use config::{Compressor, Config, FaultMode, LruPolicy, SwapFileSpec, SwapinPolicy, ENV_VARS, PRELOAD_VARS};
 pub use engine::{Engine, Quiesced};
 pub use error::{Error, Result};
 pub use fork::ForkGuard;

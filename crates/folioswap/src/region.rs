@@ -9,6 +9,7 @@
 //! storage, and wait for evictions in flight on it to let go.
 
 use crate::addrmap::{MapEntry, ADDRESS_MAP};
+use crate::config::SwapinPolicy;
 use crate::engine::{check_limit_fits, Engine};
 use crate::error::{Error, Result};
 use crate::folio::{Kind, CACHED, PENDING, SPLIT, WRITEBACK};
@@ -27,6 +28,7 @@ use std::sync::Arc;
 pub struct RegionOptions {
     pub(crate) folio_size: Option<FolioSize>,
     pub(crate) keep_on_fork: bool,
+    pub(crate) swapin_enabled: Option<SwapinPolicy>,
 }
 
 impl RegionOptions {
@@ -43,6 +45,13 @@ impl RegionOptions {
     /// and its guard's `parent`/`child`, which bring the swapped-out folios back first.
     pub fn keep_on_fork(mut self, on: bool) -> Self {
         self.keep_on_fork = on;
+        self
+    }
+
+    /// How much of a large folio a swap-in brings back in this region (default: the
+    /// engine's `swapin_enabled`).
+    pub fn swapin_enabled(mut self, policy: SwapinPolicy) -> Self {
+        self.swapin_enabled = Some(policy);
         self
     }
 
@@ -86,6 +95,7 @@ impl Engine {
         let table = match FolioTable::new(folio, len / PAGE_SIZE, addr) {
             Ok(mut t) => {
                 t.keep_on_fork = options.keep_on_fork;
+                t.swapin = options.swapin_enabled.unwrap_or(mm.config.swapin_enabled);
                 Arc::new(t)
             }
             Err(errno) => {

@@ -179,6 +179,10 @@ counter_struct!(
         /// 2 MiB folios swapped out whole to the swap file, and those split first.
         thp_swpout,
         thp_swpout_fallback,
+        /// 2 MiB folios swapped in whole, and those swapped in only in part (split into
+        /// 4 KiB pages, of which only the faulting one came back: `swapin_enabled`).
+        thp_swpin,
+        thp_swpin_fallback,
         /// 2 MiB first touches that got a huge page, and those that fell back to 4 KiB pages.
         thp_fault_alloc,
         thp_fault_fallback,

@@ -7,8 +7,9 @@
 //! Pieces change only under the event gate held exclusively (`gate.rs`); everything that
 //! turns a page into an address for an ioctl holds the gate shared.
 
+use crate::config::SwapinPolicy;
 use crate::folio::PageEntry;
-use crate::ra_window::RegionRa;
+use crate::ra_window::{RegionRa, SwapinHistory};
 use crate::size::{FolioSize, PAGE_SIZE};
 use crate::sys::map_aligned;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -37,6 +38,10 @@ pub(crate) struct FolioTable {
     pub ra: RegionRa,
     /// A forked child inherits the region (`fork.rs`).
     pub keep_on_fork: bool,
+    /// How much of a large folio a swap-in brings back (`fault.rs`), and the region's
+    /// recent swap-ins that `adaptive` judges by.
+    pub swapin: SwapinPolicy,
+    pub recent_swapins: SwapinHistory,
 }
 
 // SAFETY: `entries` points to a mapping owned by the table for its whole life; every
@@ -63,6 +68,8 @@ impl FolioTable {
             evicting: AtomicUsize::new(0),
             ra: Default::default(),
             keep_on_fork: false,
+            swapin: SwapinPolicy::Always,
+            recent_swapins: Default::default(),
         })
     }
 

@@ -36,7 +36,7 @@ use crate::stats::Counters;
 use crate::swapfile::io::folio_checksum;
 use crate::swapfile::SwapDevice;
 use crate::table::FolioTable;
-use crate::zswap::{CodecScratch, PoolHandle, StoreError, Stored, Zswap};
+use crate::zswap::{CodecScratch, PoolHandle, SplitError, StoreError, Stored, Zswap};
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -60,6 +60,14 @@ impl From<Stored> for Placed {
             Stored::Entry { handle, compressed_len } => Placed::Pool { handle, compressed_len },
         }
     }
+}
+
+/// An evicted folio's data on its way to a tier; `pieced`: a large folio goes into the
+/// pool as 4 KiB pieces (`zswap/pieces.rs`) rather than one stream.
+pub(crate) struct Evicted<'a> {
+    pub data: &'a [u8],
+    pub folio: FolioSize,
+    pub pieced: bool,
 }
 
 /// File writes queued for one submission: (first slot, data).
@@ -115,6 +123,31 @@ impl SwapHandle {
     pub fn from_raw(raw: u64) -> SwapHandle {
         SwapHandle { slot: raw & 0xFFFF_FFFF, checksum: (raw >> 32) as u32 }
     }
+}
+
+/// The checksum a Swapped entry carries: the crc32c of a single page; for a larger run,
+/// the crc32c of its pages' crc32c values, each of which `each` receives (page index,
+/// sum) to be kept by the device, so that a split can check its pages one by one.
+fn run_checksum(data: &[u8], mut each: impl FnMut(usize, u32)) -> u32 {
+    if data.len() <= PAGE_SIZE {
+        let sum = folio_checksum(data);
+        each(0, sum);
+        return sum;
+    }
+    let mut sums = [0u32; 512];
+    let pages = data.len() / PAGE_SIZE;
+    for (i, page) in data.chunks(PAGE_SIZE).enumerate() {
+        sums[i] = folio_checksum(page);
+        each(i, sums[i]);
+    }
+    combine_page_sums(&sums[..pages])
+}
+
+fn combine_page_sums(sums: &[u32]) -> u32 {
+    if let [one] = sums {
+        return *one;
+    }
+    sums.iter().fold(0, |acc, s| crc32c::crc32c_append(acc, &s.to_le_bytes()))
 }
 
 /// One pool entry in the writeback FIFO; current if the folio is still Pool with the
@@ -276,19 +309,19 @@ impl Tiers {
     /// A pool found full wakes a reclaimer to write its oldest entries back.
     pub fn store<'a>(
         &self,
-        data: &'a [u8],
-        folio: FolioSize,
+        evicted: Evicted<'a>,
         scratch: &mut CodecScratch,
         batch: Option<&mut WriteBatch<'a>>,
         counters: &Counters,
         reclaim: &ReclaimCtl,
     ) -> Result<Vec<Placed>, SwapOutError> {
+        let Evicted { data, folio, pieced } = evicted;
         let vm = &counters.vm;
         if self.file.is_some() && !self.accepts(data.len() as u64 / 2) {
             return self.write_to_file(data, folio, batch, counters);
         }
         let min_ratio = self.file.as_ref().map(|_| self.min_compression_ratio);
-        match self.zswap.zswap_store(data, scratch, min_ratio) {
+        match self.zswap.zswap_store(data, scratch, min_ratio, pieced) {
             Ok(stored) => Ok(vec![stored.into()]),
             Err(StoreError::CompressPoor) => {
                 vm.zswap_reject_compress_poor.inc();
@@ -323,7 +356,7 @@ impl Tiers {
         };
         let order = folio.order();
         if let Some(slot) = dev.alloc(order) {
-            let handle = SwapHandle { slot, checksum: folio_checksum(data) };
+            let handle = SwapHandle { slot, checksum: run_checksum(data, |i, sum| dev.set_page_sum(slot + i as u64, sum)) };
             if let Some(batch) = batch {
                 batch.push((slot, data));
                 return Ok(vec![Placed::File(handle)]);
@@ -350,7 +383,10 @@ impl Tiers {
             }
         }
         let ios: Vec<(u64, &[u8])> = slots.iter().copied().zip(data.chunks(PAGE_SIZE)).collect();
-        let placed = ios.iter().map(|&(slot, page)| Placed::File(SwapHandle { slot, checksum: folio_checksum(page) })).collect();
+        let placed = ios
+            .iter()
+            .map(|&(slot, page)| Placed::File(SwapHandle { slot, checksum: run_checksum(page, |_, sum| dev.set_page_sum(slot, sum)) }))
+            .collect();
         if let Some(batch) = batch {
             batch.extend(ios);
             return Ok(placed);
@@ -450,7 +486,7 @@ impl Tiers {
 
     /// Check data read from the file against its handle's checksum.
     pub fn check(&self, h: SwapHandle, data: &[u8], counters: &Counters) -> Result<(), LoadError> {
-        let found = folio_checksum(data);
+        let found = run_checksum(data, |_, _| {});
         if found != h.checksum {
             counters.vm.swap_checksum_error.inc();
             return Err(LoadError::Checksum { slot: h.slot, found, written: h.checksum });
@@ -523,6 +559,65 @@ impl Tiers {
         }
     }
 
+    /// Split the stored `folio` behind a Pool entry into one entry per page (a partial
+    /// swap-in: `fault.rs`), copying its pieces; frees the folio's own entry when done.
+    /// `None`: it stays as it was (stored as one stream, or no room in the pool for the
+    /// copies). The caller holds the folio lock and publishes each page with
+    /// [`Tiers::record_page`].
+    pub fn split_pool_entry(&self, handle: u64, folio: FolioSize, counters: &Counters) -> Option<Vec<Placed>> {
+        let handle = PoolHandle::from_raw(handle);
+        // SAFETY: the handle is live: the folio is Pool and the caller holds its lock.
+        match unsafe { self.zswap.zswap_split(handle, folio.bytes()) } {
+            Ok(Some(stored)) => {
+                self.free(Kind::Pool, handle.to_raw(), folio);
+                Some(stored.into_iter().map(Placed::from).collect())
+            }
+            Ok(None) => None,
+            Err(SplitError::Full) => {
+                counters.vm.zswap_pool_limit_hit.inc();
+                None
+            }
+            Err(SplitError::Corrupt(_)) => None,
+        }
+    }
+
+    /// Split a large folio on the swap file into one entry per page: its run of slots
+    /// stays where it is and each page takes its slot and the checksum kept for it
+    /// (`SwapDevice::page_sum`); nothing is read. `None` when the kept checksums do not
+    /// add up to the folio's (then a whole swap-in reads and checks it as usual).
+    pub fn split_file_entry(&self, handle: u64, folio: FolioSize) -> Option<Vec<Placed>> {
+        let dev = self.file.as_ref().expect("a Swapped folio implies a swap file");
+        let h = SwapHandle::from_raw(handle);
+        let sums: Vec<u32> = (0..folio.pages() as u64).map(|i| dev.page_sum(h.slot + i)).collect();
+        if combine_page_sums(&sums) != h.checksum {
+            return None;
+        }
+        Some(sums.iter().enumerate().map(|(i, &checksum)| Placed::File(SwapHandle { slot: h.slot + i as u64, checksum })).collect())
+    }
+
+    /// Publish one page of a folio split by [`Tiers::split_pool_entry`] or
+    /// [`Tiers::split_file_entry`] into its locked entry: like `record`, but the data
+    /// stays where it was, so nothing is counted as swapped out again.
+    pub fn record_page(&self, table: &Arc<FolioTable>, page: usize, gen: u16, placed: Placed) -> Kind {
+        let e = table.entry(page);
+        match placed {
+            Placed::Zero => {
+                e.set_handle(0);
+                Kind::ZeroSwapped
+            }
+            Placed::Pool { handle, .. } => {
+                self.pool_folio_bytes.fetch_add(PAGE_SIZE as u64, Ordering::Relaxed);
+                self.pool_lru.push(table, page, FolioSize::K4, gen, self.zswap.pool.live_objects());
+                e.set_handle(handle.to_raw());
+                Kind::Pool
+            }
+            Placed::File(h) => {
+                e.set_handle(h.to_raw());
+                Kind::Swapped
+            }
+        }
+    }
+
     /// Count a folio brought in from `kind` (by a fault or by readahead).
     pub fn count_load(kind: Kind, folio: FolioSize, counters: &Counters) {
         let sc = counters.size(folio);
@@ -532,6 +627,9 @@ impl Tiers {
         } else {
             counters.vm.zswpin.add(folio.pages() as u64);
             sc.zswpin.inc();
+        }
+        if folio.is_huge() {
+            counters.vm.thp_swpin.inc();
         }
     }
 }

@@ -5,7 +5,7 @@
 //!   4 KiB, each cluster with its own lock, free / non-full / per-order cluster lists as
 //!   the kernel keeps them, and per-thread slot caches filled and drained in batches.
 //! - `io`: the file itself: creation (unlinked, mode 0600), O_DIRECT where the filesystem
-//!   allows it, whole-folio reads and writes, per-folio checksums, and a fault-injecting
+//!   allows it, whole-folio reads and writes, checksums, and a fault-injecting
 //!   wrapper for the tests.
 
 pub mod cluster;
@@ -15,7 +15,7 @@ use crate::stats::SwapStat;
 use cluster::{SlotCache, SwapMap};
 use io::SwapIo;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
@@ -61,6 +61,10 @@ pub(crate) struct SwapDevice {
     disk_full: AtomicBool,
     /// Free slots sitting in threads' caches (counted as used by the map).
     cached: Arc<AtomicU64>,
+    /// The crc32c of each slot's 4 KiB as last written, so that a large folio on the file
+    /// can be split into pages, each with its own checksum, without reading it
+    /// (`tier.rs`). Untouched (zero, and costing no memory) until a slot is written.
+    page_sums: Box<[AtomicU32]>,
 }
 
 impl SwapDevice {
@@ -68,7 +72,13 @@ impl SwapDevice {
     pub fn new(io: Box<dyn SwapIo>, cache_batch: usize, on_demand: bool) -> SwapDevice {
         // A swapped folio's handle keeps its slot in 32 bits (`tier::SwapHandle`); a
         // larger backend is used up to 2^32 slots (16 TiB).
-        let map = Arc::new(SwapMap::new(io.slots().min(1 << 32)));
+        let slots = io.slots().min(1 << 32);
+        let map = Arc::new(SwapMap::new(slots));
+        // Zeroed allocation: the kernel maps its pages in only when a sum is written.
+        let sums = vec![0u32; slots as usize].into_boxed_slice();
+        // SAFETY: AtomicU32 has the size, alignment and bit validity of u32, so a boxed
+        // slice of one is a boxed slice of the other, freed with the same layout.
+        let page_sums = unsafe { std::mem::transmute::<Box<[u32]>, Box<[AtomicU32]>>(sums) };
         SwapDevice {
             id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
             map,
@@ -77,7 +87,18 @@ impl SwapDevice {
             on_demand,
             disk_full: AtomicBool::new(false),
             cached: Arc::new(AtomicU64::new(0)),
+            page_sums,
         }
+    }
+
+    /// Remember the checksum of the page written to `slot`.
+    pub fn set_page_sum(&self, slot: u64, sum: u32) {
+        self.page_sums[slot as usize].store(sum, Ordering::Relaxed);
+    }
+
+    /// The checksum of the page last written to `slot`.
+    pub fn page_sum(&self, slot: u64) -> u32 {
+        self.page_sums[slot as usize].load(Ordering::Relaxed)
     }
 
     /// Whether the engine made the file itself (sparse, on demand).

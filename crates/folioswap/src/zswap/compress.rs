@@ -23,13 +23,15 @@ const TAG_NONE: u8 = 3;
 pub struct CodecScratch {
     /// The last encoded object (`Codec::compress` returns its length).
     pub out: Vec<u8>,
+    /// Where a pieced object is put together (`pieces.rs`).
+    pub(crate) assembly: Vec<u8>,
     zstd: Option<zstd::bulk::Compressor<'static>>,
     zstd_level: i32,
 }
 
 impl CodecScratch {
     pub fn new() -> CodecScratch {
-        CodecScratch { out: Vec::new(), zstd: None, zstd_level: 0 }
+        CodecScratch { out: Vec::new(), assembly: Vec::new(), zstd: None, zstd_level: 0 }
     }
 }
 

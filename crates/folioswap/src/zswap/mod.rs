@@ -1,5 +1,10 @@
-//! The compressed pool, as zswap: whole folios compressed into size-classed pool memory,
+//! The compressed pool, as zswap: folios compressed into size-classed pool memory,
 //! stored entirely or not at all.
+//!
+//! A large folio is stored either compressed whole (one stream: the best ratio) or as
+//! independently compressed 4 KiB pieces in one object (`pieces.rs`), which a partial
+//! swap-in can split into one entry per page without decompressing anything
+//! (`zswap_split`). Either way a store publishes one handle, all or nothing.
 //!
 //! `zswap_store` compresses a folio that eviction moved into staging and stores it under
 //! one handle; `zswap_load` decompresses it back into a staging folio for the fault path
@@ -10,12 +15,14 @@
 //! by the callers next to the state transition they belong to.
 
 mod compress;
+mod pieces;
 mod zpool;
 
 pub use compress::{Codec, CodecScratch};
 pub use zpool::{PoolError, PoolHandle, ZPool};
 
 use crate::config::Compressor;
+use crate::size::PAGE_SIZE;
 
 /// Why a folio was not stored.
 #[derive(Debug, PartialEq, Eq)]
@@ -25,6 +32,15 @@ pub(crate) enum StoreError {
     /// The folio did not compress as much as the caller asked (zswap's
     /// `reject_compress_poor`): it belongs on the swap file.
     CompressPoor,
+}
+
+/// Why a stored folio could not be split into pages.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum SplitError {
+    /// The pool has no room for the pages' entries (until the folio's own is freed).
+    Full,
+    /// The object's piece table is inconsistent.
+    Corrupt(String),
 }
 
 /// The result of trying to store one folio.
@@ -53,14 +69,26 @@ impl Zswap {
         Zswap { pool: ZPool::new(cap), codec: Codec::new(compressor) }
     }
 
-    /// Compress `folio` and store it whole. With `min_ratio` (there is a swap file to send
-    /// it to instead), a folio that does not shrink by that ratio is refused; without, it
-    /// is stored raw.
-    pub fn zswap_store(&self, folio: &[u8], scratch: &mut CodecScratch, min_ratio: Option<f64>) -> Result<Stored, StoreError> {
+    /// Compress `folio` and store it under one handle: as one stream, or, with `pieced`
+    /// (a folio larger than a page), as 4 KiB pieces. With `min_ratio` (there is a swap
+    /// file to send it to instead), a folio that does not shrink by that ratio is refused;
+    /// without, it is stored raw.
+    pub fn zswap_store(
+        &self,
+        folio: &[u8],
+        scratch: &mut CodecScratch,
+        min_ratio: Option<f64>,
+        pieced: bool,
+    ) -> Result<Stored, StoreError> {
         if is_zero(folio) {
             return Ok(Stored::Zero);
         }
-        let compressed = self.codec.compress(folio, scratch).filter(|&len| len < folio.len());
+        let compressed = if pieced && folio.len() > PAGE_SIZE {
+            Some(pieces::compress_pieces(&self.codec, folio, scratch))
+        } else {
+            self.codec.compress(folio, scratch)
+        };
+        let compressed = compressed.filter(|&len| len < folio.len());
         if let Some(min) = min_ratio {
             if !matches!(compressed, Some(len) if folio.len() as f64 >= min * len as f64) {
                 return Err(StoreError::CompressPoor);
@@ -88,7 +116,58 @@ impl Zswap {
             dst.copy_from_slice(object);
             return Ok(());
         }
+        if object.first() == Some(&pieces::TAG_PIECES) {
+            return pieces::decompress_pieces(&self.codec, object, dst);
+        }
         self.codec.decompress(object, dst)
+    }
+
+    /// Turn the `folio_bytes` folio stored behind `handle` into one stored entry per
+    /// page, by copying (a pieced object's pieces, or a raw object's pages); `handle`
+    /// itself stays for the caller to free. `Ok(None)`: the object is one compressed
+    /// stream and cannot be split without decompressing it.
+    ///
+    /// # Safety
+    /// `handle` is live and nobody frees it during the call (the caller holds the folio lock).
+    pub unsafe fn zswap_split(&self, handle: PoolHandle, folio_bytes: usize) -> Result<Option<Vec<Stored>>, SplitError> {
+        // SAFETY: forwarded contract: the handle is live for the duration of the call.
+        let object = unsafe { self.pool.get(handle) };
+        let pages = folio_bytes / PAGE_SIZE;
+        let mut stored = Vec::with_capacity(pages);
+        let mut store_page = |piece: &[u8]| -> Result<(), SplitError> {
+            if piece.is_empty() || (piece.len() == PAGE_SIZE && is_zero(piece)) {
+                stored.push(Stored::Zero);
+                return Ok(());
+            }
+            match self.pool.store(piece) {
+                Ok(handle) => {
+                    stored.push(Stored::Entry { handle, compressed_len: piece.len() });
+                    Ok(())
+                }
+                Err(_) => Err(SplitError::Full),
+            }
+        };
+        let result = if object.len() == folio_bytes {
+            object.chunks_exact(PAGE_SIZE).try_for_each(&mut store_page)
+        } else if object.first() == Some(&pieces::TAG_PIECES) {
+            match pieces::pieces(object, pages) {
+                Ok(mut each) => each.try_for_each(&mut store_page),
+                Err(why) => Err(SplitError::Corrupt(why)),
+            }
+        } else {
+            return Ok(None);
+        };
+        match result {
+            Ok(()) => Ok(Some(stored)),
+            Err(err) => {
+                for s in stored {
+                    if let Stored::Entry { handle, .. } = s {
+                        self.pool.free(handle);
+                    }
+                }
+                Err(err)
+            }
+        }
     }
 
     pub fn free(&self, handle: PoolHandle) {

@@ -123,3 +123,24 @@ pub fn as_nobody(f: impl FnOnce()) {
         "the child running as nobody failed (status {status:#x}): {message}"
     );
 }
+
+/// In a forked child: run `f`, then leave at once with its verdict (0 or 1), running no
+/// destructor of the parent's state.
+pub fn in_child(f: impl FnOnce()) -> ! {
+    let code = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    };
+    // SAFETY: _exit ends the child without unwinding or running atexit handlers.
+    unsafe { libc::_exit(code) }
+}
+
+/// Wait for `pid`, which must exit normally; returns its exit code.
+pub fn wait_child(pid: libc::pid_t) -> i32 {
+    let mut status = 0;
+    // SAFETY: waits for our own child; `status` is a valid out pointer.
+    let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(rc, pid, "waitpid: {}", std::io::Error::last_os_error());
+    assert!(libc::WIFEXITED(status), "the child died (status {status:#x})");
+    libc::WEXITSTATUS(status)
+}
