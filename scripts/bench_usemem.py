@@ -2,14 +2,15 @@
 """Run `folioswap bench usemem` over a matrix of configurations, several times each, and
 print a Markdown table of medians (the numbers in BENCHMARKS.md come from here).
 
-Usage: scripts/bench_usemem.py [--matrix core|swapfile|install] [--runs 3] [--out results.jsonl]
+Usage: scripts/bench_usemem.py [--matrix core|swapfile|install|swapin] [--runs 3] [--out results.jsonl]
                                [--only NAME ...] [-- extra args]
 
 `core` is the engine with the compressed pool only (BENCHMARKS.md, engine core);
 `swapfile` adds a swap file in /var/tmp, with the pool on (capped at 256M, so it fills
 and writes back) and off (`--max-pool 0`: every folio goes to the file). `install` runs the core's
 first six configurations on both install paths: UFFDIO_MOVE (`move`) and the UFFDIO_COPY
-path of kernels without it (`copy`, forced with FOLIOSWAP_UFFD_MOVE=0).
+path of kernels without it (`copy`, forced with FOLIOSWAP_UFFD_MOVE=0). `swapin` runs issue
+14's targets with the default settings (3 rounds), 2M under `--swapin always` and `adaptive`.
 
 Each configuration runs `--runs` times, interleaved (A B C A B C ...) so that drift in this
 shared VM's speed hits every configuration alike. Every run must verify; a failed run is
@@ -63,11 +64,34 @@ INSTALL_MATRIX = [
     for install, flag in [("move", "1"), ("copy", "0")]
 ]
 
-MATRICES = {"core": CORE_MATRIX, "swapfile": SWAPFILE_MATRIX, "install": INSTALL_MATRIX}
+# Issue 14's targets: the defaults (swap file made on demand, pool charged), with the
+# swap-in policy before (`always`) and after (`adaptive`, the default), three rounds.
+SWAPIN_MATRIX = [
+    (f"{folio} {pattern} {policy}", ["--folio", folio, "--pattern", pattern, "--swapin", policy, "--rounds", "3"])
+    for folio, pattern, policies in [
+        ("2M", "rand", ["adaptive", "always"]),
+        ("2M", "seq", ["adaptive", "always"]),
+        ("64K", "rand", ["adaptive"]),
+        ("64K", "seq", ["adaptive"]),
+        ("4K", "rand", ["adaptive"]),
+        ("4K", "seq", ["adaptive"]),
+    ]
+    for policy in policies
+]
+
+MATRICES = {"core": CORE_MATRIX, "swapfile": SWAPFILE_MATRIX, "install": INSTALL_MATRIX, "swapin": SWAPIN_MATRIX}
+
+
+def base_for(args):
+    """BASE, less its --rounds where the configuration sets its own."""
+    if "--rounds" not in args:
+        return BASE
+    i = BASE.index("--rounds")
+    return BASE[:i] + BASE[i + 2 :]
 
 
 def run_one(args, env=None):
-    p = subprocess.run([BIN] + BASE + args, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    p = subprocess.run([BIN] + base_for(args) + args, capture_output=True, text=True, env={**os.environ, **(env or {})})
     if p.returncode != 0:
         return None, p.stderr.strip()[-500:]
     return json.loads(p.stdout), None
@@ -100,15 +124,15 @@ def main():
             extra = f", {r['writes_per_s']:.0f} writes/s" if "writes_per_s" in r else ""
             print(f"# {name} run {i + 1}: {r['throughput_mb_s']:.0f} MB/s{extra}", file=sys.stderr, flush=True)
             if out:
-                out.write(json.dumps({"name": name, "args": BASE + args, "env": env, "result": r}) + "\n")
+                out.write(json.dumps({"name": name, "args": base_for(args) + args, "env": env, "result": r}) + "\n")
                 out.flush()
 
-    print("| configuration | MB/s (median) | runs | writes/s (median) | THP % of resident | fault p50 / p99 µs | zswpout | zswpin | pswpout | pswpin | zswpwb | thp_swpout_fallback |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| configuration | MB/s (median) | runs | writes/s (median) | THP % of resident | fault p50 / p99 µs | zswpout | zswpin | pswpout | pswpin | zswpwb | thp_swpout_fallback | thp_swpin / _fallback |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, _, _ in matrix:
         rs = results[name]
         if not rs:
-            print(f"| {name} | failed | | | | | | | | | | |")
+            print(f"| {name} | failed | | | | | | | | | | | |")
             continue
         mbs = [r["throughput_mb_s"] for r in rs]
         wps = [r["writes_per_s"] for r in rs if "writes_per_s" in r]
@@ -120,7 +144,8 @@ def main():
         runs = " / ".join(f"{x:.0f}" for x in mbs)
         w = f"{med(wps):.0f}" if wps else "–"
         counters = " | ".join(f"{st(k):.0f}" for k in ["zswpout", "zswpin", "pswpout", "pswpin", "zswpwb", "thp_swpout_fallback"])
-        print(f"| {name} | **{med(mbs):.0f}** | {runs} | {w} | {thp:.0f} | {p50:.0f} / {p99:.0f} | {counters} |")
+        swpin = f"{st('thp_swpin'):.0f} / {st('thp_swpin_fallback'):.0f}"
+        print(f"| {name} | **{med(mbs):.0f}** | {runs} | {w} | {thp:.0f} | {p50:.0f} / {p99:.0f} | {counters} | {swpin} |")
     return 1 if failed else 0
 
 

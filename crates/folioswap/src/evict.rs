@@ -28,7 +28,7 @@ use crate::install::{install_copy, install_slot, transfer, wake_folio, HaltReaso
 use crate::lru::LruEntry;
 use crate::memcg::Component;
 use crate::mm::{Mm, Reclaimed};
-use crate::own_zaps::programs_pieces;
+use crate::own_zaps::{programs_pieces, vma_starts};
 use crate::release::{release_after_install, release_staged};
 use crate::size::{FolioSize, HUGE_SIZE, PAGE_SIZE};
 use crate::stages::{self, Stage};
@@ -344,7 +344,9 @@ fn copy_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
         // is what they hold, so the eviction goes on.
         eprintln!("folioswap: zapping {len} bytes at {addr:#x} after copying them out failed: {}", std::io::Error::last_os_error());
     }
-    for (start, end) in programs_pieces(addr, pieces) {
+    let mut starts = None;
+    let is_vma_start = |a: usize| starts.get_or_insert_with(vma_starts).contains(&a);
+    for (start, end) in programs_pieces(addr, pieces, is_vma_start) {
         // SAFETY: inside the staging space this eviction owns; nothing else references it.
         unsafe { std::ptr::write_bytes((dst + (start - addr)) as *mut u8, 0, end - start) };
     }

@@ -83,19 +83,37 @@ impl OwnZaps {
 /// Which of the `pieces` claimed during a zap of `[start, end)` were the program's own
 /// REMOVEs (see the module comment): in address order, largest first at equal starts,
 /// a piece that begins before the end of the last one kept is inside it (or equals it),
-/// so it is the program's.
-pub(crate) fn programs_pieces(start: usize, mut pieces: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
+/// so it is the program's, with one exception. When the program splits the VMA while
+/// the zap waits for its event to be read (a `munmap` or `mprotect` inside the range),
+/// the kernel repeats the REMOVE for the part past the new boundary (mm/madvise.c:
+/// "userfaultfd_remove() will generate an UFFD_EVENT_REMOVE repetition on the
+/// end-vma->vm_end range"): a piece that ends where ours ends and starts where a VMA
+/// starts now (`is_vma_start`, asked only then) is that repetition, and ours.
+pub(crate) fn programs_pieces(
+    start: usize,
+    mut pieces: Vec<(usize, usize)>,
+    mut is_vma_start: impl FnMut(usize) -> bool,
+) -> Vec<(usize, usize)> {
     pieces.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
     let mut ours_end = start;
     let mut theirs = Vec::new();
     for (s, e) in pieces {
         if s >= ours_end {
             ours_end = e;
-        } else {
+        } else if !(e == ours_end && is_vma_start(s)) {
             theirs.push((s, e.min(ours_end)));
         }
     }
     theirs
+}
+
+/// The start addresses of this process's mappings now, from /proc/self/maps (empty if
+/// it cannot be read: every piece in doubt is then taken for the program's).
+pub(crate) fn vma_starts() -> Vec<usize> {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return Vec::new();
+    };
+    maps.lines().filter_map(|l| usize::from_str_radix(l.split('-').next()?, 16).ok()).collect()
 }
 
 #[cfg(test)]
@@ -104,25 +122,58 @@ mod tests {
 
     #[test]
     fn one_vma_and_nothing_else() {
-        assert!(programs_pieces(0, vec![(0, 100)]).is_empty());
+        assert!(programs_pieces(0, vec![(0, 100)], |_| false).is_empty());
     }
 
     #[test]
     fn a_folio_split_into_vmas_by_mprotect() {
-        assert!(programs_pieces(0, vec![(0, 30), (30, 70), (70, 100)]).is_empty());
+        assert!(programs_pieces(0, vec![(0, 30), (30, 70), (70, 100)], |_| true).is_empty());
     }
 
     #[test]
     fn the_program_zapping_part_of_it_meanwhile() {
-        assert_eq!(programs_pieces(0, vec![(10, 20), (0, 100)]), vec![(10, 20)]);
-        assert_eq!(programs_pieces(0, vec![(0, 100), (0, 20)]), vec![(0, 20)]);
-        assert_eq!(programs_pieces(0, vec![(0, 50), (60, 70), (50, 100)]), vec![(60, 70)]);
+        assert_eq!(programs_pieces(0, vec![(10, 20), (0, 100)], |_| true), vec![(10, 20)]);
+        assert_eq!(programs_pieces(0, vec![(0, 100), (0, 20)], |_| true), vec![(0, 20)]);
+        assert_eq!(programs_pieces(0, vec![(0, 50), (60, 70), (50, 100)], |_| true), vec![(60, 70)]);
     }
 
     #[test]
     fn the_program_zapping_exactly_the_same_range() {
-        assert_eq!(programs_pieces(0, vec![(0, 100), (0, 100)]), vec![(0, 100)]);
-        assert_eq!(programs_pieces(0, vec![(0, 50), (0, 50), (50, 100)]), vec![(0, 50)]);
+        assert_eq!(programs_pieces(0, vec![(0, 100), (0, 100)], |_| false), vec![(0, 100)]);
+        assert_eq!(programs_pieces(0, vec![(0, 50), (0, 50), (50, 100)], |_| false), vec![(0, 50)]);
+    }
+
+    #[test]
+    fn the_kernels_repetition_after_a_vma_split_is_ours() {
+        // The program unmapped [40, 60) while the zap of [0, 100) waited: the kernel
+        // repeats the REMOVE for [60, 100), past the new VMA boundary at 60.
+        assert!(programs_pieces(0, vec![(0, 100), (60, 100)], |a| a == 60).is_empty());
+        // The same range where no VMA starts is the program's.
+        assert_eq!(programs_pieces(0, vec![(0, 100), (60, 100)], |_| false), vec![(60, 100)]);
+        // A piece not reaching our end is the program's even at a boundary.
+        assert_eq!(programs_pieces(0, vec![(0, 100), (60, 90)], |a| a == 60), vec![(60, 90)]);
+    }
+
+    #[test]
+    fn vma_starts_find_a_new_mapping_and_its_split() {
+        const P: usize = 4096;
+        // Six inaccessible pages, then pages 1..5 readable: a VMA of its own starting at
+        // page 1 whatever the neighbours are (they are this mapping's own PROT_NONE ends).
+        // SAFETY: a fresh private anonymous mapping, unmapped below; nothing else uses it.
+        let addr = unsafe { libc::mmap(std::ptr::null_mut(), 6 * P, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+        assert_ne!(addr, libc::MAP_FAILED);
+        let base = addr as usize;
+        let protect = |from: usize, to: usize, prot: i32| {
+            // SAFETY: changes the protection of pages of the mapping made above only.
+            assert_eq!(unsafe { libc::mprotect((base + from * P) as *mut libc::c_void, (to - from) * P, prot) }, 0);
+        };
+        protect(1, 5, libc::PROT_READ);
+        assert!(vma_starts().contains(&(base + P)));
+        assert!(!vma_starts().contains(&(base + 3 * P)));
+        protect(3, 5, libc::PROT_NONE);
+        assert!(vma_starts().contains(&(base + 3 * P)), "the split made by mprotect is a VMA start");
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(addr, 6 * P) };
     }
 
     #[test]

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""Real programs with random access at about half their footprint: under `folioswap run`
+and under the kernel's own swap (zram, lz4) with the same limit, on the same machine
+(BENCHMARKS.md, "Real programs").
+
+Usage (root): scripts/bench_programs.py [--runs 3] [--only sort|pydict ...] [--fraction 0.5]
+                                       [--sort-mib 400] [--pydict-n 2500000] [--folioswap-arg=--folio=64K ...]
+
+Programs (none written here; the inputs are):
+- `sort`: GNU sort of a 400 MiB file of random lines, `-S` large enough to sort in memory
+  (one malloc'd buffer, quicksort over line pointers: random access over all of it);
+- `pydict`: CPython building a dict of 2.5 million entries (`--pydict-n`), then as many
+  lookups at random keys (the interpreter's heap and a hash table).
+
+Each program first runs with no limit to measure its peak RSS (`ru_maxrss`) and its
+output; the limit is `--fraction` of that peak. Then, interleaved per run: `folioswap run
+--memory-high LIMIT` with default settings, and the kernel: the program in a memory
+cgroup (v1 `memory.limit_in_bytes`, or v2 `memory.max`) with zram (lz4) as the only swap
+device. Every run's output must equal the unlimited run's. Medians of wall time go to
+stdout as a Markdown table.
+
+Settings touched for the kernel runs (zram0's size and algorithm, swap on, a cgroup) are
+restored on success, on failure and on Ctrl-C; the script refuses to start if a swap
+device is already active or zram0 is in use.
+"""
+import argparse
+import hashlib
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = os.path.abspath("./target/release/folioswap")
+ZRAM = "/sys/block/zram0"
+CGROUP_V1 = "/sys/fs/cgroup/memory"
+CGROUP_V2 = "/sys/fs/cgroup/unified"
+
+PYDICT = """
+import random
+import sys
+n = int(sys.argv[1])
+d = {}
+for i in range(n):
+    d[i * 7919 % 10_000_019] = str(i) * 2
+random.seed(1)
+keys = list(d)
+s = 0
+for _ in range(n):
+    s += len(d[keys[random.randrange(n)]])
+print(s)
+"""
+
+
+def write(path, value):
+    with open(path, "w") as f:
+        f.write(str(value))
+
+
+def read(path):
+    with open(path) as f:
+        return f.read().strip()
+
+
+class KernelSwap:
+    """zram0 as the only swap device and a memory cgroup; `close` undoes both."""
+
+    def __init__(self, zram_size):
+        if read("/proc/swaps").count("\n") > 0:
+            sys.exit("refusing: a swap device is already active (/proc/swaps)")
+        if not os.path.exists(ZRAM):
+            sys.exit("no /sys/block/zram0 (zram not built in or loaded)")
+        if read(f"{ZRAM}/disksize") != "0":
+            sys.exit("refusing: zram0 is in use (disksize is not 0)")
+        self.cgroup = None
+        self.swap_on = False
+        self.zram_set = False
+        try:
+            self.zram_set = True
+            write(f"{ZRAM}/comp_algorithm", "lz4")
+            write(f"{ZRAM}/disksize", zram_size)
+            subprocess.run(["mkswap", "/dev/zram0"], check=True, capture_output=True)
+            subprocess.run(["swapon", "-p", "100", "/dev/zram0"], check=True)
+            self.swap_on = True
+            if os.path.isdir(CGROUP_V1):
+                self.cgroup = os.path.join(CGROUP_V1, f"folioswap-bench-{os.getpid()}")
+                os.mkdir(self.cgroup)
+                self.limit_file = "memory.limit_in_bytes"
+            else:
+                self.cgroup = os.path.join(CGROUP_V2 if os.path.isdir(CGROUP_V2) else "/sys/fs/cgroup", f"folioswap-bench-{os.getpid()}")
+                os.mkdir(self.cgroup)
+                self.limit_file = "memory.max"
+        except BaseException:
+            self.close()
+            raise
+
+    def command(self, limit, argv):
+        write(os.path.join(self.cgroup, self.limit_file), limit)
+        procs = os.path.join(self.cgroup, "cgroup.procs")
+        return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh"] + argv
+
+    def close(self):
+        errors = []
+        if self.cgroup and os.path.isdir(self.cgroup):
+            for _ in range(50):
+                try:
+                    os.rmdir(self.cgroup)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            else:
+                errors.append(f"could not remove {self.cgroup}")
+        if self.swap_on:
+            r = subprocess.run(["swapoff", "/dev/zram0"])
+            if r.returncode != 0:
+                errors.append("swapoff /dev/zram0 failed")
+            self.swap_on = False
+        if self.zram_set:
+            write(f"{ZRAM}/reset", 1)
+            self.zram_set = False
+        if errors:
+            print("RESTORE FAILED: " + "; ".join(errors), file=sys.stderr)
+
+
+def run_program(argv, stdout_path):
+    """Run `argv` with stdout to `stdout_path`: wall seconds, output digest, peak RSS bytes."""
+    start = time.monotonic()
+    with open(stdout_path, "wb") as out, tempfile.TemporaryFile() as err:
+        p = subprocess.Popen(argv, stdout=out, stderr=err)
+        _, status, usage = os.wait4(p.pid, 0)
+        wall = time.monotonic() - start
+        if status != 0:
+            err.seek(0)
+            raise RuntimeError(f"{' '.join(argv[:4])} ... failed (status {status:#x}): {err.read().decode(errors='replace')[-800:]}")
+    with open(stdout_path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    return wall, digest, usage.ru_maxrss * 1024
+
+
+def make_sort_input(path, mib):
+    rng = random.Random(7)
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+    with open(path, "w") as f:
+        written = 0
+        while written < mib << 20:
+            line = "".join(rng.choice(alphabet) for _ in range(rng.randrange(20, 80))) + "\n"
+            f.write(line)
+            written += len(line)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--fraction", type=float, default=0.5)
+    ap.add_argument("--sort-mib", type=int, default=400)
+    ap.add_argument("--pydict-n", type=int, default=2_500_000, help="entries of the pydict program")
+    ap.add_argument("--folioswap-arg", action="append", default=[], help="extra `folioswap run` option (repeatable), e.g. --folioswap-arg=--folio=64K")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("refusing: the kernel's side needs root (zram, swapon, a memory cgroup)")
+    tmp = tempfile.mkdtemp(prefix="fsw-programs-", dir="/var/tmp")
+    programs = []
+    if a.only is None or "sort" in a.only:
+        src = os.path.join(tmp, "lines.txt")
+        make_sort_input(src, a.sort_mib)
+        programs.append(("sort", ["sort", "-S", f"{a.sort_mib * 3}M", "--parallel=1", src]))
+    if a.only is None or "pydict" in a.only:
+        script = os.path.join(tmp, "pydict.py")
+        with open(script, "w") as f:
+            f.write(PYDICT)
+        programs.append(("pydict", [sys.executable, script, str(a.pydict_n)]))
+
+    kernel = KernelSwap("8G")
+
+    def on_signal(sig, frame):
+        kernel.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        sys.exit(130)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    rows = []
+    try:
+        for name, argv in programs:
+            out = os.path.join(tmp, f"{name}.out")
+            wall0, digest0, rss = run_program(argv, out)
+            limit = int(rss * a.fraction) & ~((1 << 20) - 1)
+            print(f"# {name}: unlimited {wall0:.2f} s, peak RSS {rss >> 20} MiB, limit {limit >> 20} MiB", file=sys.stderr, flush=True)
+            times = {"unlimited": [wall0], "folioswap": [], "kernel": []}
+            for i in range(a.runs):
+                for side in ["folioswap", "kernel"]:
+                    if side == "folioswap":
+                        cmd = [BIN, "run", "--quiet", "--memory-high", str(limit)] + a.folioswap_arg + ["--"] + argv
+                    else:
+                        cmd = kernel.command(limit, argv)
+                    wall, digest, _ = run_program(cmd, out)
+                    if digest != digest0:
+                        raise RuntimeError(f"{name} under {side}: output differs from the unlimited run")
+                    times[side].append(wall)
+                    print(f"# {name} {side} run {i + 1}: {wall:.2f} s", file=sys.stderr, flush=True)
+            rows.append((name, rss, limit, times, argv))
+    finally:
+        kernel.close()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("| program | peak RSS | limit | unlimited s | folioswap run s (median) | kernel zram s (median) | folioswap / kernel |")
+    print("|---|---|---|---|---|---|---|")
+    for name, rss, limit, t, argv in rows:
+        f, k = statistics.median(t["folioswap"]), statistics.median(t["kernel"])
+        runs = lambda xs: " / ".join(f"{x:.1f}" for x in xs)
+        print(f"| {name} | {rss >> 20} MiB | {limit >> 20} MiB | {t['unlimited'][0]:.2f} | **{f:.1f}** ({runs(t['folioswap'])}) | **{k:.1f}** ({runs(t['kernel'])}) | {f / k:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
