@@ -3,21 +3,26 @@
 and under the kernel's own swap (zram, lz4) with the same limit, on the same machine
 (BENCHMARKS.md, "Real programs").
 
-Usage (root): scripts/bench_programs.py [--runs 3] [--only sort|pydict ...] [--fraction 0.5]
-                                       [--sort-mib 400] [--pydict-n 2500000] [--folioswap-arg=--folio=64K ...]
+Usage (root): scripts/bench_programs.py [--runs 3] [--only sort|pydict ...] [--fraction 0.5 0.75]
+                                       [--sort-mib 400] [--pydict-n 2500000]
+                                       [--variant '--swap-file none' ...] [--folioswap-arg=--folio=64K ...]
 
 Programs (none written here; the inputs are):
-- `sort`: GNU sort of a 400 MiB file of random lines, `-S` large enough to sort in memory
-  (one malloc'd buffer, quicksort over line pointers: random access over all of it);
+- `sort`: GNU sort of a file of random lines (`--sort-mib`), `-S` large enough to sort in
+  memory (one malloc'd buffer, a merge sort over line pointers: random access over all
+  of it). Random text from a 36-letter alphabet: lz4 cannot compress it;
 - `pydict`: CPython building a dict of 2.5 million entries (`--pydict-n`), then as many
   lookups at random keys (the interpreter's heap and a hash table).
 
 Each program first runs with no limit to measure its peak RSS (`ru_maxrss`) and its
-output; the limit is `--fraction` of that peak. Then, interleaved per run: `folioswap run
---memory-high LIMIT` with default settings, and the kernel: the program in a memory
-cgroup (v1 `memory.limit_in_bytes`, or v2 `memory.max`) with zram (lz4) as the only swap
-device. Every run's output must equal the unlimited run's. Medians of wall time go to
-stdout as a Markdown table.
+output; each limit is a `--fraction` of that peak. Then, interleaved per run: `folioswap
+run --memory-high LIMIT` with default settings, each `--variant` of it, and the kernel:
+the program in a memory cgroup (v1 `memory.limit_in_bytes`, or v2 `memory.max`) with
+zram (lz4) as the only swap device. Under cgroup v1 zram's memory is not charged to the
+cgroup (folioswap's `--swap-file none` is the like setup: the pool outside the limit),
+and the limit is hard: where reclaim cannot keep up the kernel OOM-kills the program
+(reported as "failed", as is a run past `--timeout`). Every run's output must equal the unlimited run's. Medians of
+wall time go to stdout as a Markdown table.
 
 Settings touched for the kernel runs (zram0's size and algorithm, swap on, a cgroup) are
 restored on success, on failure and on Ctrl-C; the script refuses to start if a swap
@@ -126,19 +131,35 @@ class KernelSwap:
             print("RESTORE FAILED: " + "; ".join(errors), file=sys.stderr)
 
 
-def run_program(argv, stdout_path):
-    """Run `argv` with stdout to `stdout_path`: wall seconds, output digest, peak RSS bytes."""
+RUNNING = []
+
+
+def run_program(argv, stdout_path, timeout=None):
+    """Run `argv` with stdout to `stdout_path`: wall seconds, output digest, peak RSS bytes
+    (0 with a `timeout`; past it the program is killed and RuntimeError raised)."""
     start = time.monotonic()
     with open(stdout_path, "wb") as out, tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(argv, stdout=out, stderr=err)
-        _, status, usage = os.wait4(p.pid, 0)
+        p = subprocess.Popen(argv, stdout=out, stderr=err, start_new_session=True)
+        RUNNING.append(p)
+        try:
+            if timeout is None:
+                _, status, usage = os.wait4(p.pid, 0)
+            else:
+                try:
+                    status, usage = p.wait(timeout), None
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+                    raise RuntimeError(f"timeout: still running after {timeout} s")
+        finally:
+            RUNNING.remove(p)
         wall = time.monotonic() - start
         if status != 0:
             err.seek(0)
             raise RuntimeError(f"{' '.join(argv[:4])} ... failed (status {status:#x}): {err.read().decode(errors='replace')[-800:]}")
     with open(stdout_path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
-    return wall, digest, usage.ru_maxrss * 1024
+    return wall, digest, usage.ru_maxrss * 1024 if usage else 0
 
 
 def make_sort_input(path, mib):
@@ -156,8 +177,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--only", nargs="*", default=None)
-    ap.add_argument("--fraction", type=float, default=0.5)
+    ap.add_argument("--fraction", type=float, nargs="+", default=[0.5], help="limits as fractions of the peak RSS")
+    ap.add_argument("--variant", action="append", default=[], type=str.split, help="another `folioswap run` configuration to time, e.g. '--swap-file none'")
     ap.add_argument("--sort-mib", type=int, default=400)
+    ap.add_argument("--timeout", type=float, default=600, help="seconds after which a limited run is killed (reported as failed)")
     ap.add_argument("--pydict-n", type=int, default=2_500_000, help="entries of the pydict program")
     ap.add_argument("--folioswap-arg", action="append", default=[], help="extra `folioswap run` option (repeatable), e.g. --folioswap-arg=--folio=64K")
     a = ap.parse_args()
@@ -178,42 +201,57 @@ def main():
     kernel = KernelSwap("8G")
 
     def on_signal(sig, frame):
+        for p in RUNNING:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
         kernel.close()
         shutil.rmtree(tmp, ignore_errors=True)
         sys.exit(130)
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    sides = [("folioswap", [])] + [(f"folioswap {' '.join(v)}", v) for v in a.variant] + [("kernel zram", None)]
     rows = []
     try:
         for name, argv in programs:
             out = os.path.join(tmp, f"{name}.out")
             wall0, digest0, rss = run_program(argv, out)
-            limit = int(rss * a.fraction) & ~((1 << 20) - 1)
-            print(f"# {name}: unlimited {wall0:.2f} s, peak RSS {rss >> 20} MiB, limit {limit >> 20} MiB", file=sys.stderr, flush=True)
-            times = {"unlimited": [wall0], "folioswap": [], "kernel": []}
-            for i in range(a.runs):
-                for side in ["folioswap", "kernel"]:
-                    if side == "folioswap":
-                        cmd = [BIN, "run", "--quiet", "--memory-high", str(limit)] + a.folioswap_arg + ["--"] + argv
-                    else:
-                        cmd = kernel.command(limit, argv)
-                    wall, digest, _ = run_program(cmd, out)
-                    if digest != digest0:
-                        raise RuntimeError(f"{name} under {side}: output differs from the unlimited run")
-                    times[side].append(wall)
-                    print(f"# {name} {side} run {i + 1}: {wall:.2f} s", file=sys.stderr, flush=True)
-            rows.append((name, rss, limit, times, argv))
+            for fraction in a.fraction:
+                limit = int(rss * fraction) & ~((1 << 20) - 1)
+                print(f"# {name}: unlimited {wall0:.2f} s, peak RSS {rss >> 20} MiB, limit {limit >> 20} MiB", file=sys.stderr, flush=True)
+                times = {side: [] for side, _ in sides}
+                for i in range(a.runs):
+                    for side, extra in sides:
+                        if extra is None:
+                            cmd = kernel.command(limit, argv)
+                        else:
+                            cmd = [BIN, "run", "--quiet", "--memory-high", str(limit)] + a.folioswap_arg + extra + ["--"] + argv
+                        try:
+                            wall, digest, _ = run_program(cmd, out, a.timeout)
+                        except RuntimeError as e:
+                            # The kernel's hard limit (cgroup v1) OOM-kills where reclaim cannot keep up.
+                            print(f"# {name} {side} run {i + 1}: FAILED: {e}", file=sys.stderr, flush=True)
+                            times[side].append(None)
+                            continue
+                        if digest != digest0:
+                            raise RuntimeError(f"{name} under {side}: output differs from the unlimited run")
+                        times[side].append(wall)
+                        print(f"# {name} {side} run {i + 1}: {wall:.2f} s", file=sys.stderr, flush=True)
+                rows.append((name, rss, limit, wall0, times))
     finally:
         kernel.close()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         shutil.rmtree(tmp, ignore_errors=True)
-    print("| program | peak RSS | limit | unlimited s | folioswap run s (median) | kernel zram s (median) | folioswap / kernel |")
-    print("|---|---|---|---|---|---|---|")
-    for name, rss, limit, t, argv in rows:
-        f, k = statistics.median(t["folioswap"]), statistics.median(t["kernel"])
-        runs = lambda xs: " / ".join(f"{x:.1f}" for x in xs)
-        print(f"| {name} | {rss >> 20} MiB | {limit >> 20} MiB | {t['unlimited'][0]:.2f} | **{f:.1f}** ({runs(t['folioswap'])}) | **{k:.1f}** ({runs(t['kernel'])}) | {f / k:.2f} |")
+    names = [side for side, _ in sides]
+    print("| program | peak RSS | limit | unlimited s | " + " | ".join(f"{n} s (median)" for n in names) + " |")
+    print("|---|---|---|---|" + "---|" * len(names))
+    for name, rss, limit, wall0, t in rows:
+        cells = []
+        for n in names:
+            ok = [x for x in t[n] if x is not None]
+            runs = " / ".join("failed" if x is None else f"{x:.1f}" for x in t[n])
+            cells.append(f"**{statistics.median(ok):.1f}** ({runs})" if len(ok) * 2 > len(t[n]) else f"failed ({runs})")
+        print(f"| {name} | {rss >> 20} MiB | {limit >> 20} MiB | {wall0:.2f} | " + " | ".join(cells) + " |")
     return 0
 
 

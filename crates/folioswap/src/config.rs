@@ -146,7 +146,7 @@ pub enum SwapinPolicy {
     /// each fetched by its own fault, as the kernel swaps in without mTHP swap-in.
     Never,
     /// The whole folio when the fault looks sequential (at the folio's first or last
-    /// page, or next to one of the region's recent swap-ins), else only the page.
+    /// page, where a stream enters it), else only the page.
     Adaptive,
 }
 

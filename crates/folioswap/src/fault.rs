@@ -440,17 +440,12 @@ fn fault_swapin(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSiz
 
 /// Whether a swap-in fault at `page` of an unsplit large folio brings back only that
 /// page (the region's `swapin_enabled`; `ra_window::swapin_whole` judges `adaptive`).
-/// Every large-folio swap-in fault is remembered for the judging of the next.
 fn swapin_in_part(table: &FolioTable, page: usize, folio: FolioSize) -> bool {
-    let pages = folio.pages();
-    let index = page / pages;
-    let partial = match table.swapin {
+    match table.swapin {
         SwapinPolicy::Always => false,
         SwapinPolicy::Never => true,
-        SwapinPolicy::Adaptive => !swapin_whole(&table.recent_swapins, index, page % pages, pages),
-    };
-    table.recent_swapins.record(index);
-    partial
+        SwapinPolicy::Adaptive => !swapin_whole(page % folio.pages(), folio.pages()),
+    }
 }
 
 /// A partial swap-in: split the locked Pool or Swapped folio at `head` into order-0

@@ -9,7 +9,7 @@
 
 use crate::config::SwapinPolicy;
 use crate::folio::PageEntry;
-use crate::ra_window::{RegionRa, SwapinHistory};
+use crate::ra_window::RegionRa;
 use crate::size::{FolioSize, PAGE_SIZE};
 use crate::sys::map_aligned;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -38,10 +38,8 @@ pub(crate) struct FolioTable {
     pub ra: RegionRa,
     /// A forked child inherits the region (`fork.rs`).
     pub keep_on_fork: bool,
-    /// How much of a large folio a swap-in brings back (`fault.rs`), and the region's
-    /// recent swap-ins that `adaptive` judges by.
+    /// How much of a large folio a swap-in brings back (`fault.rs`).
     pub swapin: SwapinPolicy,
-    pub recent_swapins: SwapinHistory,
 }
 
 // SAFETY: `entries` points to a mapping owned by the table for its whole life; every
@@ -69,7 +67,6 @@ impl FolioTable {
             ra: Default::default(),
             keep_on_fork: false,
             swapin: SwapinPolicy::Always,
-            recent_swapins: Default::default(),
         })
     }
 
