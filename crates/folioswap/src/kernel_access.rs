@@ -104,14 +104,38 @@ pub fn prefault_for_kernel(addr: *const u8, len: usize, retry: bool) -> bool {
         } else {
             vm.syscall_prefault.inc();
         }
-        let mut page = lo & !(PAGE_SIZE - 1);
-        while page < *hi {
-            // SAFETY: `page` lies in a managed mapping (regions are page aligned, so
-            // rounding `lo` down stays inside), readable while it is mapped; a volatile
-            // read of one byte only faults the page in.
-            unsafe { std::ptr::read_volatile(page as *const u8) };
-            page += PAGE_SIZE;
+        let first = lo & !(PAGE_SIZE - 1);
+        // A page brought back alone (partial swap-in) may be evicted again while the next
+        // ones fault in, where memory_high leaves little resident: touch what is missing
+        // again, a few times, so that the whole buffer is resident together.
+        for _ in 0..PREFAULT_PASSES {
+            let mut page = first;
+            let mut touched = false;
+            while page < *hi {
+                if !is_resident(page) {
+                    // SAFETY: `page` lies in a managed mapping (regions are page aligned,
+                    // so rounding `lo` down stays inside), readable while it is mapped; a
+                    // volatile read of one byte only faults the page in.
+                    unsafe { std::ptr::read_volatile(page as *const u8) };
+                    touched = true;
+                }
+                page += PAGE_SIZE;
+            }
+            if !touched {
+                break;
+            }
         }
     }
     !ranges.is_empty()
+}
+
+/// Passes `prefault_for_kernel` makes over a buffer at most.
+const PREFAULT_PASSES: usize = 8;
+
+/// Whether the page at `addr` is mapped now (`mincore`; an error reads as not).
+fn is_resident(addr: usize) -> bool {
+    let mut vec = [0u8; 1];
+    // SAFETY: mincore reads the page table for one page-aligned page and writes one byte
+    // into `vec`; it never faults the page.
+    unsafe { libc::mincore(addr as *mut libc::c_void, PAGE_SIZE, vec.as_mut_ptr()) == 0 && vec[0] & 1 != 0 }
 }

@@ -8,8 +8,10 @@
 //! evicted before, how many pages were evicted since: its refault distance. Folios join
 //! the tail of the inactive list when installed; one that refaults within the working-set
 //! distance (fewer pages evicted since it left than memory_high holds) joins the active
-//! list instead, as the kernel's workingset.c does. Eviction takes the inactive head and
-//! demotes the active head while the inactive list is under a third of the whole.
+//! list instead, as the kernel's workingset.c does. Eviction takes the inactive head; the
+//! active head is demoted while the inactive list is under a third of the whole, checked
+//! before each eviction and before a folio joins the inactive list (so that the demoted,
+//! older folios go ahead of it).
 //! `LruPolicy::Fifo` keeps a single list, for comparison (BENCHMARKS.md).
 //!
 //! An entry is a hint: (table, page, order, generation). Whoever pops it locks the folio
@@ -48,6 +50,16 @@ struct Lists {
     active: VecDeque<LruEntry>,
 }
 
+impl Lists {
+    /// Demote the active head while the inactive list is under a third of all.
+    fn balance(&mut self) {
+        while self.inactive.len() * 2 < self.active.len() {
+            let demoted = self.active.pop_front().expect("nonempty");
+            self.inactive.push_back(demoted);
+        }
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Lru {
     /// A leaf lock: nothing else is taken while it is held.
@@ -63,6 +75,10 @@ impl Lru {
         if active {
             lists.active.push_back(entry);
         } else {
+            // Demote first: the active folios demoted now are older than this one, and
+            // must be evicted before it (demoting only at eviction time put them behind
+            // it, so a folio that had just faulted in was the first one evicted).
+            lists.balance();
             lists.inactive.push_back(entry);
         }
     }
@@ -76,10 +92,7 @@ impl Lru {
     /// inactive list is under a third of all.
     pub fn pop(&self) -> Option<LruEntry> {
         let mut lists = self.lists.lock().unwrap();
-        while lists.inactive.len() * 2 < lists.active.len() {
-            let demoted = lists.active.pop_front().expect("nonempty");
-            lists.inactive.push_back(demoted);
-        }
+        lists.balance();
         lists.inactive.pop_front().or_else(|| lists.active.pop_front())
     }
 
@@ -106,5 +119,25 @@ impl Lru {
     /// Pages evicted since the clock read `then` (the refault distance).
     pub fn distance_since(&self, then: u32) -> u64 {
         self.evict_clock.load(Ordering::Relaxed).wrapping_sub(then) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_folio_that_just_faulted_in_goes_behind_the_demoted_ones() {
+        let table = Arc::new(FolioTable::new(FolioSize::K4, 16, 0x1000_0000).unwrap());
+        let lru = Lru::default();
+        for page in 0..6 {
+            lru.push(table.clone(), page, FolioSize::K4, 0, true);
+        }
+        // The inactive list is empty: the new folio must not be the first evicted.
+        lru.push(table.clone(), 10, FolioSize::K4, 0, false);
+        let order: Vec<usize> = std::iter::from_fn(|| lru.pop()).map(|e| e.page).collect();
+        assert_eq!(order.len(), 7);
+        assert_eq!(order[0], 0, "the oldest active folio goes first: {order:?}");
+        assert!(order.iter().position(|&p| p == 10).unwrap() >= 2, "{order:?}");
     }
 }
