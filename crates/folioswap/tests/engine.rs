@@ -49,9 +49,13 @@ fn huge_folios_are_thps(install: InstallMode) {
     assert!(out.size(FolioSize::M2).zswpout >= 8, "a's folios were swapped out: {:?}", out.size(FolioSize::M2));
     assert!(a.anon_huge_bytes().unwrap() < 16 * MIB as u64);
 
+    // Held still, so that reclaim (with the pool charged, the pool's growth can push
+    // usage over the limit) does not evict a's folios again before they are counted.
+    let quiet = e.quiesce();
     check(&a, 1);
     assert_eq!(a.anon_huge_bytes().unwrap(), 16 * MIB as u64, "swap-in brings back PMD-mapped THPs: {:?}", e.stats());
     let s = e.stats();
+    drop(quiet);
     // A folio whose compression had not finished comes back from the swap cache instead.
     assert!(s.size(FolioSize::M2).zswpin + s.vm.swapcache_hit >= 8, "{:?} {:?}", s.size(FolioSize::M2), s.vm);
     assert_eq!(s.vm.thp_swpout_fallback, 0);
