@@ -27,7 +27,7 @@ use crate::uffd::{self, InstallMode, OpenError, Uffd};
 use crate::zswap::Zswap;
 use std::collections::VecDeque;
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
@@ -224,6 +224,7 @@ impl Engine {
             gate: RwLock::new(()),
             events: EventQueue::default(),
             deferred_faults: Mutex::new(VecDeque::new()),
+            prefaulting: AtomicUsize::new(0),
             // SAFETY: `kick` was just created and is owned by nobody else.
             kick_fd: unsafe { OwnedFd::from_raw_fd(kick) },
             stop: AtomicBool::new(false),

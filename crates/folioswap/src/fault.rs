@@ -241,7 +241,7 @@ fn resolve(mm: &Mm, table: &Arc<FolioTable>, page: usize) -> Step {
         }
         Kind::SwapCache => fault_swapcache(mm, table, target, folio, s),
         Kind::Pool | Kind::Swapped if s.has(CACHED) => fault_ra_hit(mm, table, target, folio, s),
-        Kind::Pool | Kind::Swapped if !split && swapin_in_part(table, page, folio) => {
+        Kind::Pool | Kind::Swapped if !split && swapin_in_part(mm, table, page, folio) => {
             if split_on_swapin(mm, table, target, folio, s) {
                 // Now order-0 pages: the retry swaps in the one that faulted.
                 e.unlock();
@@ -440,7 +440,11 @@ fn fault_swapin(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSiz
 
 /// Whether a swap-in fault at `page` of an unsplit large folio brings back only that
 /// page (the region's `swapin_enabled`; `ra_window::swapin_whole` judges `adaptive`).
-fn swapin_in_part(table: &FolioTable, page: usize, folio: FolioSize) -> bool {
+/// Never while a buffer is being made resident for a system call (`Mm::prefaulting`).
+fn swapin_in_part(mm: &Mm, table: &FolioTable, page: usize, folio: FolioSize) -> bool {
+    if mm.prefaulting.load(Ordering::Relaxed) > 0 {
+        return false;
+    }
     match table.swapin {
         SwapinPolicy::Always => false,
         SwapinPolicy::Never => true,

@@ -27,6 +27,7 @@ use crate::engine::Engine;
 use crate::mm::Mm;
 use crate::size::PAGE_SIZE;
 use crate::uffd::UffdMode;
+use std::sync::atomic::Ordering;
 
 /// What [`kernel_buffer_probe`] found in a range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,6 +106,7 @@ pub fn prefault_for_kernel(addr: *const u8, len: usize, retry: bool) -> bool {
             vm.syscall_prefault.inc();
         }
         let first = lo & !(PAGE_SIZE - 1);
+        mm.prefaulting.fetch_add(1, Ordering::Relaxed);
         // A page brought back alone (partial swap-in) may be evicted again while the next
         // ones fault in, where memory_high leaves little resident: touch what is missing
         // again, a few times, so that the whole buffer is resident together.
@@ -125,6 +127,7 @@ pub fn prefault_for_kernel(addr: *const u8, len: usize, retry: bool) -> bool {
                 break;
             }
         }
+        mm.prefaulting.fetch_sub(1, Ordering::Relaxed);
     }
     !ranges.is_empty()
 }

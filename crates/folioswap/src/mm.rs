@@ -51,7 +51,7 @@ use crate::tier::Tiers;
 use crate::uffd::{InstallMode, Uffd};
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Mutex, RwLock};
 
 pub(crate) struct Mm {
@@ -79,6 +79,11 @@ pub(crate) struct Mm {
     pub events: EventQueue,
     /// Faults read by a thread that could not serve them at once (thread mode).
     pub deferred_faults: Mutex<VecDeque<(usize, u32)>>,
+    /// Buffers being made resident for a system call (`kernel_access.rs`): while any is,
+    /// large folios swap in whole whatever `swapin_enabled` says, so that a buffer comes
+    /// back in a few faults rather than page by page, each page evictable again before
+    /// the last is in.
+    pub prefaulting: AtomicUsize,
     /// Wakes the fault/event threads: stop, deferred faults, events to apply.
     pub kick_fd: OwnedFd,
     pub stop: AtomicBool,
