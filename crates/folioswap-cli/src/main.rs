@@ -6,6 +6,7 @@ mod progress;
 mod readahead;
 mod run;
 mod slots;
+mod stat;
 mod usemem;
 
 use clap::{Parser, Subcommand};
@@ -26,6 +27,10 @@ enum Command {
     /// Benchmarks (results go in BENCHMARKS.md with their command lines).
     #[command(subcommand)]
     Bench(Bench),
+    /// The live counters of every running `folioswap run`, one line per interval with the
+    /// deltas, like vmstat: faults, swap-ins and -outs of the pool and the file, resident,
+    /// pool, THP share, fault latency.
+    Stat(stat::StatArgs),
     /// List the FOLIOSWAP_* environment variables and what they accept.
     Env,
 }
@@ -57,6 +62,7 @@ fn main() -> ExitCode {
         Command::Bench(Bench::Codec(args)) => codec::run(args),
         Command::Bench(Bench::Slots(args)) => slots::run(args),
         Command::Bench(Bench::Readahead(args)) => readahead::run(*args),
+        Command::Stat(args) => stat::run(args),
         Command::Env => {
             for (name, accepted) in folioswap::ENV_VARS {
                 println!("{name:<28} {accepted}");

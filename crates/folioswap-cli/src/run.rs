@@ -135,6 +135,8 @@ pub fn run(args: RunArgs) -> Result<std::process::ExitCode, String> {
                 .env("FOLIOSWAP_INTERPOSE", "1")
                 .env("FOLIOSWAP_THRESHOLD", threshold.to_string())
                 .env("FOLIOSWAP_STATS_DIR", &dir)
+                // `folioswap stat` groups this run's processes by it.
+                .env("FOLIOSWAP_RUN", std::process::id().to_string())
                 // The engine started above has said (once) what the configuration cannot
                 // do; the program's engines need not say it again.
                 .env("FOLIOSWAP_WARNED", "1");

@@ -18,7 +18,8 @@
 //!   managed buffers resident before the kernel copies to or from them when the engine
 //!   cannot serve the kernel's own faults (an ordinary user's user-mode-only
 //!   userfaultfd, or signal mode), and pass straight through otherwise;
-//! - `capi`: `folioswap_map` and the rest of the C API.
+//! - `capi`: `folioswap_map` and the rest of the C API;
+//! - `stat_server`: the live counters `folioswap stat` asks each process for.
 //!
 //! Why no recursion and no deadlock: the engine maps its own memory with raw system
 //! calls and allocates through `alloc`, so nothing it does comes back here; the library's
@@ -32,6 +33,7 @@ compile_error!("libfolioswap.so interposes libc on x86-64 and AArch64 Linux only
 mod alloc;
 mod capi;
 mod interpose;
+mod stat_server;
 mod state;
 mod syscalls;
 

@@ -7,7 +7,8 @@
 //! keeps those blocks as plain memory (freeing one unmaps it) and starts a new engine
 //! when it next needs one; exec starts clean. At exit the counters go to
 //! `FOLIOSWAP_STATS_DIR/stats-PID.json` for `folioswap run`; the engine's threads are not
-//! joined (exit ends them), so exit cannot hang on them.
+//! joined (exit ends them), so exit cannot hang on them. While the engine runs, the
+//! process answers `folioswap stat` (`stat_server`).
 
 use crate::alloc;
 use engine::{Config, Engine, Region, RegionOptions};
@@ -123,6 +124,7 @@ impl State {
             match within(|| Engine::new(config)) {
                 Ok(e) => {
                     crate::syscalls::engine_started(&e);
+                    within(|| crate::stat_server::start(&e));
                     self.engine = Some(e);
                 }
                 Err(e) if INTERPOSE.load(Ordering::Relaxed) => {
@@ -230,6 +232,7 @@ extern "C" fn fork_child() {
         }
         // The parent's engine and regions are not ours to run or release.
         crate::syscalls::engine_gone();
+        crate::stat_server::forget_in_child();
         std::mem::forget(state.engine.take());
         for block in state.blocks.values_mut() {
             std::mem::forget(block.region.take());

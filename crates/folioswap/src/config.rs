@@ -354,6 +354,10 @@ pub const PRELOAD_VARS: &[(&str, &str)] = &[
     ("FOLIOSWAP_FALLBACK", "1/0: run unmanaged (with a warning) when the engine cannot start"),
     ("FOLIOSWAP_INTERPOSE", "1/0: manage the program's malloc and mmap (default: on when preloaded)"),
     ("FOLIOSWAP_STATS_DIR", "a directory each process writes its counters to at exit (stats-PID.json)"),
+    (
+        "FOLIOSWAP_RUN",
+        "the pid of the `folioswap run` that started the process: `folioswap stat` groups a run's processes by it (set by `folioswap run`)",
+    ),
     ("FOLIOSWAP_WARNED", "1: the launcher has said what the configuration cannot do (no swap file); the engines it starts stay quiet"),
 ];
 

@@ -19,7 +19,7 @@ use crate::reclaim_ctl::ReclaimCtl;
 use crate::size::format_bytes;
 use crate::size::{physical_memory, FolioSize};
 use crate::staging::Staging;
-use crate::stats::{Counters, MemoryStat, Stats};
+use crate::stats::{Counters, LatencyHistogram, MemoryStat, Stats};
 use crate::swapfile::io::{on_demand_dir, SwapFile, SwapIo};
 use crate::swapfile::SwapDevice;
 use crate::tier::Tiers;
@@ -285,6 +285,12 @@ impl Engine {
     /// A snapshot of the counters, memory and latency figures.
     pub fn stats(&self) -> Stats {
         stats(&self.mm)
+    }
+
+    /// Every fault's service time so far, as a histogram that snapshots can be subtracted
+    /// from and merged with (`folioswap stat`'s interval percentiles).
+    pub fn fault_latency_histogram(&self) -> LatencyHistogram {
+        crate::stats::fault_latency_histogram(&self.mm.counters)
     }
 
     /// Hold the engine still: while the guard lives no eviction, pool writeback or

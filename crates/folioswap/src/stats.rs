@@ -11,7 +11,7 @@ use crate::size::FolioSize;
 use crate::stages::{StageStat, StageTimes};
 pub use crate::swapfile::io::SwapIoStats;
 use crate::uffd::{InstallMode, UffdMode};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -133,6 +133,68 @@ impl Latency {
             p999_us: pct(0.999),
             max_us: max_ns as f64 / 1000.0,
         })
+    }
+}
+
+/// Where libfolioswap.so's processes answer `folioswap stat`: the abstract unix socket
+/// `folioswap-stat/<run>/<pid>`, `run` being the pid of the `folioswap run` that started
+/// the process (`FOLIOSWAP_RUN`), 0 outside one.
+pub const STAT_SOCKET_PREFIX: &str = "folioswap-stat/";
+
+/// Every fault's service time so far, all folio sizes together, as a histogram that can be
+/// subtracted (one interval's faults) and merged (several processes'): what
+/// `folioswap stat` needs, since percentiles themselves do neither.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LatencyHistogram {
+    /// `(bucket, count)` of the non-empty buckets, in bucket order.
+    pub buckets: Vec<(u32, u64)>,
+    pub sum_ns: u64,
+    pub max_ns: u64,
+}
+
+impl LatencyHistogram {
+    fn from_counts(counts: &[u64], sum_ns: u64, max_ns: u64) -> LatencyHistogram {
+        let buckets = counts.iter().enumerate().filter(|(_, &c)| c > 0).map(|(i, &c)| (i as u32, c)).collect();
+        LatencyHistogram { buckets, sum_ns, max_ns }
+    }
+
+    fn counts(&self) -> Vec<u64> {
+        let mut counts = vec![0u64; BUCKETS];
+        for &(b, c) in &self.buckets {
+            if let Some(slot) = counts.get_mut(b as usize) {
+                *slot += c;
+            }
+        }
+        counts
+    }
+
+    /// The faults recorded since `earlier` (a snapshot of the same engine). The maximum of
+    /// the interval is not kept by the engine: it is bounded by the highest bucket that
+    /// grew.
+    pub fn since(&self, earlier: &LatencyHistogram) -> LatencyHistogram {
+        let before = earlier.counts();
+        let counts: Vec<u64> = self.counts().iter().zip(&before).map(|(now, then)| now.saturating_sub(*then)).collect();
+        let top = counts.iter().rposition(|&c| c > 0);
+        let max_ns = top.map_or(0, |b| bucket_value(b).min(self.max_ns));
+        LatencyHistogram::from_counts(&counts, self.sum_ns.saturating_sub(earlier.sum_ns), max_ns)
+    }
+
+    /// Add another engine's faults to these.
+    pub fn merge(&mut self, other: &LatencyHistogram) {
+        let mut counts = self.counts();
+        for (c, o) in counts.iter_mut().zip(other.counts()) {
+            *c += o;
+        }
+        *self = LatencyHistogram::from_counts(&counts, self.sum_ns + other.sum_ns, self.max_ns.max(other.max_ns));
+    }
+
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(|&(_, c)| c).sum()
+    }
+
+    /// Percentiles of the faults recorded (`None`: none).
+    pub fn summary(&self) -> Option<Latency> {
+        Latency::from_counts(&self.counts(), self.sum_ns, self.max_ns)
     }
 }
 
@@ -380,6 +442,16 @@ pub struct Stats {
     pub stages: StageStat,
 }
 
+/// Every folio size's fault latencies merged into one histogram.
+pub(crate) fn fault_latency_histogram(counters: &Counters) -> LatencyHistogram {
+    let mut all = vec![0u64; BUCKETS];
+    let (mut sum, mut max) = (0, 0);
+    for h in &counters.fault_latency {
+        h.merge_into(&mut all, &mut sum, &mut max);
+    }
+    LatencyHistogram::from_counts(&all, sum, max)
+}
+
 impl Stats {
     pub(crate) fn collect(uffd: UffdMode, install: InstallMode, counters: &Counters, memory: MemoryStat, swap: Option<SwapStat>) -> Stats {
         let mut per_size = BTreeMap::new();
@@ -432,6 +504,44 @@ mod tests {
         assert!((l.p99_us - 990.0).abs() / 990.0 < 0.07, "{l:?}");
         assert_eq!(l.max_us, 1000.0);
         assert!((l.mean_us - 500.5).abs() < 0.01);
+    }
+
+    fn histogram_of(values_us: impl IntoIterator<Item = u64>) -> LatencyHistogram {
+        let h = Histogram::default();
+        for v in values_us {
+            h.record(v * 1000);
+        }
+        let mut counts = vec![0u64; BUCKETS];
+        let (mut sum, mut max) = (0, 0);
+        h.merge_into(&mut counts, &mut sum, &mut max);
+        LatencyHistogram::from_counts(&counts, sum, max)
+    }
+
+    #[test]
+    fn an_intervals_faults_are_the_difference_of_two_snapshots() {
+        let before = histogram_of(1..=100);
+        let after = histogram_of((1..=100).chain(std::iter::repeat(1000).take(50)));
+        let interval = after.since(&before);
+        assert_eq!(interval.count(), 50);
+        let l = interval.summary().unwrap();
+        assert!((l.p50_us - 1000.0).abs() / 1000.0 < 0.07, "{l:?}");
+        assert!((l.mean_us - 1000.0).abs() < 0.01, "{l:?}");
+        assert!((l.max_us - 1000.0).abs() / 1000.0 < 0.07, "{l:?}");
+        assert_eq!(after.since(&after).summary(), None);
+    }
+
+    #[test]
+    fn merged_histograms_count_both_processes_faults() {
+        let mut a = histogram_of(std::iter::repeat(10).take(90));
+        let b = histogram_of(std::iter::repeat(500).take(10));
+        a.merge(&b);
+        let l = a.summary().unwrap();
+        assert_eq!(l.count, 100);
+        assert!((l.p50_us - 10.0).abs() / 10.0 < 0.07, "{l:?}");
+        assert!((l.p99_us - 500.0).abs() / 500.0 < 0.07, "{l:?}");
+        assert_eq!(l.max_us, 500.0);
+        let json = serde_json::to_string(&a).unwrap();
+        assert_eq!(serde_json::from_str::<LatencyHistogram>(&json).unwrap(), a);
     }
 
     proptest! {
