@@ -3,7 +3,13 @@
 print a Markdown table of medians (the numbers in BENCHMARKS.md come from here).
 
 Usage: scripts/bench_usemem.py [--matrix core|swapfile|install|swapin] [--runs 3] [--out results.jsonl]
-                               [--only NAME ...] [-- extra args]
+                               [--only NAME ...] [--plot FILE.svg] [-- extra args]
+       scripts/bench_usemem.py --from results.jsonl [--only NAME ...] [--plot FILE.svg]
+
+`--plot` also draws the results (`svgplot.py`: throughput per configuration, fault latency
+percentiles); `--from` makes the table and the picture from runs saved with `--out`,
+running nothing. Each run's line on stderr says how far the matrix has got and an
+estimate of the time left.
 
 `core` is the engine with the compressed pool only (BENCHMARKS.md, engine core);
 `swapfile` adds a swap file in /var/tmp, with the pool on (capped at 256M, so it fills
@@ -22,6 +28,9 @@ import os
 import statistics
 import subprocess
 import sys
+import time
+
+import svgplot
 
 BIN = "./target/release/folioswap"
 BASE = ["bench", "usemem", "--threads", "2", "--size", "1G", "--limit", "512M", "--rounds", "4", "--json"]
@@ -107,25 +116,35 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=None, help="append every run's JSON here")
     ap.add_argument("--only", nargs="*", default=None, help="configuration names to run")
+    ap.add_argument("--plot", default=None, metavar="FILE.svg", help="also draw the results as an SVG picture")
+    ap.add_argument("--from", dest="source", default=None, metavar="JSONL", help="use runs saved with --out instead of running")
     ap.add_argument("extra", nargs="*", help="extra usemem arguments for every run")
     a = ap.parse_args()
-    matrix = [(c[0], c[1] + a.extra, c[2] if len(c) > 2 else {}) for c in MATRICES[a.matrix] if a.only is None or c[0] in a.only]
-    results = {n: [] for n, _, _ in matrix}
     failed = False
-    out = open(a.out, "a") if a.out else None
-    for i in range(a.runs):
-        for name, args, env in matrix:
-            r, err = run_one(args, env)
-            if r is None or not r["verified"]:
-                failed = True
-                print(f"FAILED: {name} run {i + 1}: {err or 'verification failed'}", file=sys.stderr)
-                continue
-            results[name].append(r)
-            extra = f", {r['writes_per_s']:.0f} writes/s" if "writes_per_s" in r else ""
-            print(f"# {name} run {i + 1}: {r['throughput_mb_s']:.0f} MB/s{extra}", file=sys.stderr, flush=True)
-            if out:
-                out.write(json.dumps({"name": name, "args": base_for(args) + args, "env": env, "result": r}) + "\n")
-                out.flush()
+    if a.source:
+        results = load(a.source, a.only)
+        matrix = [(n, None, None) for n in results]
+    else:
+        matrix = [(c[0], c[1] + a.extra, c[2] if len(c) > 2 else {}) for c in MATRICES[a.matrix] if a.only is None or c[0] in a.only]
+        results = {n: [] for n, _, _ in matrix}
+        out = open(a.out, "a") if a.out else None
+        total, done, start = a.runs * len(matrix), 0, time.monotonic()
+        for i in range(a.runs):
+            for name, args, env in matrix:
+                r, err = run_one(args, env)
+                done += 1
+                spent = time.monotonic() - start
+                progress = f"[{done}/{total}, {spent / 60:.0f} min, about {spent / done * (total - done) / 60:.0f} min left]"
+                if r is None or not r["verified"]:
+                    failed = True
+                    print(f"FAILED {progress}: {name} run {i + 1}: {err or 'verification failed'}", file=sys.stderr)
+                    continue
+                results[name].append(r)
+                extra = f", {r['writes_per_s']:.0f} writes/s" if "writes_per_s" in r else ""
+                print(f"# {progress} {name} run {i + 1}: {r['throughput_mb_s']:.0f} MB/s{extra}", file=sys.stderr, flush=True)
+                if out:
+                    out.write(json.dumps({"name": name, "args": base_for(args) + args, "env": env, "result": r}) + "\n")
+                    out.flush()
 
     print("| configuration | MB/s (median) | runs | writes/s (median) | THP % of resident | fault p50 / p99 µs | zswpout | zswpin | pswpout | pswpin | zswpwb | thp_swpout_fallback | thp_swpin / _fallback |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -140,13 +159,33 @@ def main():
         lat = [r["stats"]["fault_latency"]["all"] for r in rs]
         p50 = med([x["p50_us"] for x in lat])
         p99 = med([x["p99_us"] for x in lat])
-        st = lambda k: med([r["stats"][k] for r in rs])
+        # Runs saved before a counter existed have none: the median is then NaN.
+        st = lambda k: med([r["stats"][k] for r in rs if k in r["stats"]])
         runs = " / ".join(f"{x:.0f}" for x in mbs)
         w = f"{med(wps):.0f}" if wps else "–"
         counters = " | ".join(f"{st(k):.0f}" for k in ["zswpout", "zswpin", "pswpout", "pswpin", "zswpwb", "thp_swpout_fallback"])
         swpin = f"{st('thp_swpin'):.0f} / {st('thp_swpin_fallback'):.0f}"
         print(f"| {name} | **{med(mbs):.0f}** | {runs} | {w} | {thp:.0f} | {p50:.0f} / {p99:.0f} | {counters} | {swpin} |")
+    if a.plot:
+        title = f"folioswap bench usemem: {a.source or 'matrix ' + a.matrix}"
+        with open(a.plot, "w") as f:
+            f.write(svgplot.render([(n, results[n]) for n, _, _ in matrix], title))
+        print(f"# drawn: {a.plot}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def load(path, only):
+    """Runs saved with --out, by configuration name in the order first seen."""
+    results = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                rec = json.loads(line)
+                if only is None or rec["name"] in only:
+                    results.setdefault(rec["name"], []).append(rec["result"])
+    if not results:
+        sys.exit(f"no runs{' named ' + ', '.join(only) if only else ''} in {path}")
+    return results
 
 
 if __name__ == "__main__":
