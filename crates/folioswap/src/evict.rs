@@ -251,12 +251,18 @@ fn move_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
     let len = count * folio.bytes();
     let mut done = 0;
     // MOVE takes only pages this process owns alone; after a fork they are shared with
-    // the child until one of the two writes them: unshare them at the first EBUSY at a
-    // page. Pinned pages (O_DIRECT in flight) or a large folio the kernel cannot split
-    // now stay busy: then give the folio up for now and try other folios first.
+    // the child until one of the two writes them (and stay marked shared after the child
+    // has gone, until the parent writes them): unshare them at the first EBUSY at a page,
+    // even if EAGAINs (a folio lock held elsewhere) came first there. Pinned pages
+    // (O_DIRECT in flight) or a large folio the kernel cannot split now stay busy: then
+    // give the folio up for now and try other folios first.
+    let mut unshared_at = usize::MAX;
     let mut on_busy = |at: usize, times: u32, errno: i32| {
-        if errno == libc::EBUSY && times == 0 && !break_cow(mm, addr + at, len - at) {
-            return false;
+        if errno == libc::EBUSY && unshared_at != at {
+            unshared_at = at;
+            if !break_cow(mm, addr + at, len - at) {
+                return false;
+            }
         }
         times < MOVE_BUSY_RETRIES
     };
