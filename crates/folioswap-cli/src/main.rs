@@ -1,6 +1,7 @@
 //! The `folioswap` command: run programs under the engine, and benchmarks of it.
 
 mod codec;
+mod kernel_swap;
 mod pattern;
 mod progress;
 mod readahead;

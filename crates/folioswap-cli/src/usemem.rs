@@ -8,9 +8,9 @@
 
 use crate::pattern::{value, Permutation};
 use folioswap::{format_bytes, Config, Engine, FolioSize, Region, RegionOptions, Stats};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -27,22 +27,22 @@ pub enum Pattern {
 pub struct UsememArgs {
     /// Worker threads, each with its own region.
     #[arg(long, default_value_t = 2)]
-    threads: usize,
+    pub(crate) threads: usize,
     /// Region size per worker (e.g. 1G).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
-    size: u64,
+    pub(crate) size: u64,
     /// memory_high for the engine (e.g. 512M), or "max".
     #[arg(long, default_value = "512M")]
-    limit: String,
+    pub(crate) limit: String,
     /// Folio size: 4K … 2M (default: FOLIOSWAP_FOLIO_SIZE or 2M).
     #[arg(long)]
-    folio: Option<String>,
+    pub(crate) folio: Option<String>,
     /// Rounds over the whole region.
     #[arg(long, default_value_t = 4)]
-    rounds: u32,
+    pub(crate) rounds: u32,
     /// Write order.
     #[arg(long, value_enum, default_value_t = Pattern::Seq)]
-    pattern: Pattern,
+    pub(crate) pattern: Pattern,
     /// lz4, zstd, zstd:LEVEL or none (default: FOLIOSWAP_COMPRESSOR or lz4).
     #[arg(long)]
     compressor: Option<String>,
@@ -55,7 +55,7 @@ pub struct UsememArgs {
     swapin: Option<String>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Cap of the compressed pool (size or percentage of RAM).
     #[arg(long)]
     max_pool: Option<String>,
@@ -68,16 +68,16 @@ pub struct UsememArgs {
     fault_mode: Option<String>,
     /// hotcold: the share of each region that is hot.
     #[arg(long, default_value_t = 0.125)]
-    hot_fraction: f64,
+    pub(crate) hot_fraction: f64,
     /// Coldness policy: fifo or workingset (default: FOLIOSWAP_LRU or workingset).
     #[arg(long)]
     lru: Option<String>,
     /// rand: writes per worker per round (default: one per word, as usemem).
     #[arg(long, value_parser = parse_size)]
-    writes: Option<u64>,
+    pub(crate) writes: Option<u64>,
     /// rand: end a round after this many seconds even if its writes are not done.
     #[arg(long, default_value_t = 10.0)]
-    round_time: f64,
+    pub(crate) round_time: f64,
     /// Background reclaim threads (0: one per CPU).
     #[arg(long)]
     reclaim_threads: Option<usize>,
@@ -95,6 +95,18 @@ pub struct UsememArgs {
     /// With a swap file: folios compressing less than this go straight to the file.
     #[arg(long)]
     min_compression_ratio: Option<String>,
+    /// Then run the same workload on plain memory under the kernel's own swap, with the
+    /// same limit (a memory cgroup), and print both side by side (root; restores every
+    /// setting it touches).
+    #[arg(long, value_enum)]
+    pub(crate) against: Option<crate::kernel_swap::Against>,
+    /// With --against kernel: zram (lz4, the default), a swap file in /var/tmp, or that
+    /// file behind zswap (lz4 where the kernel's crypto API has it).
+    #[arg(long, value_enum, requires = "against")]
+    pub(crate) kernel_swap: Option<crate::kernel_swap::KernelSwapKind>,
+    /// The kernel side of --against kernel: the workload on plain anonymous memory.
+    #[arg(long, hide = true, conflicts_with = "against")]
+    pub(crate) plain_memory: bool,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -106,48 +118,55 @@ struct Worker {
     bounds: Vec<u64>,
 }
 
-#[derive(Serialize)]
-struct Mismatch {
+#[derive(Serialize, Deserialize)]
+pub(crate) struct Mismatch {
     worker: usize,
     word: u64,
     expected: String,
     found: String,
 }
 
-#[derive(Serialize)]
-struct Report {
-    throughput_mb_s: f64,
-    wall_s: f64,
-    verified: bool,
-    bytes_written: u64,
-    writes: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    writes_per_s: Option<f64>,
-    words_verified: u64,
-    mismatches: u64,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    first_mismatches: Vec<Mismatch>,
-    anon_huge_bytes: u64,
-    resident_bytes: u64,
-    pool_bytes: u64,
-    anon_huge_pct_of_resident: f64,
-    round_s: Vec<f64>,
+/// What a run reports whatever memory it ran on (engine regions or plain memory).
+#[derive(Serialize, Deserialize)]
+pub(crate) struct Outcome {
+    pub throughput_mb_s: f64,
+    pub wall_s: f64,
+    pub verified: bool,
+    pub bytes_written: u64,
+    pub writes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writes_per_s: Option<f64>,
+    pub words_verified: u64,
+    pub mismatches: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub first_mismatches: Vec<Mismatch>,
+    pub anon_huge_bytes: u64,
+    pub resident_bytes: u64,
+    pub anon_huge_pct_of_resident: f64,
+    pub round_s: Vec<f64>,
     /// CPU time the process used during the rounds, and that as a share of every CPU.
-    cpu_s: f64,
-    cpu_utilization_pct: f64,
-    config: RunConfig,
-    stats: Stats,
+    pub cpu_s: f64,
+    pub cpu_utilization_pct: f64,
 }
 
 #[derive(Serialize)]
-struct RunConfig {
-    threads: usize,
-    size: u64,
-    memory_high: Option<u64>,
-    folio: String,
-    rounds: u32,
-    pattern: Pattern,
-    compressor: String,
+pub(crate) struct Report {
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    pub pool_bytes: u64,
+    pub config: RunConfig,
+    pub stats: Stats,
+}
+
+#[derive(Serialize)]
+pub(crate) struct RunConfig {
+    pub threads: usize,
+    pub size: u64,
+    pub memory_high: Option<u64>,
+    pub folio: String,
+    pub rounds: u32,
+    pub pattern: Pattern,
+    pub compressor: String,
     split_swap: bool,
     swapin_enabled: String,
     fault_mode: String,
@@ -159,7 +178,7 @@ struct RunConfig {
     max_pool: String,
     charge_pool: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    swap_file: Option<String>,
+    pub swap_file: Option<String>,
 }
 
 fn build_config(args: &UsememArgs) -> folioswap::Result<Config> {
@@ -293,8 +312,7 @@ fn expected_rand(perm: &Permutation, bounds: &[u64], n: u64, worker: u64, j: u64
     value(worker, j, round as u64)
 }
 
-fn verify(region: &Region, worker: usize, pattern: Pattern, w: &Worker, rounds: u32, bad: &mut Vec<Mismatch>) -> (u64, u64) {
-    let words = words(region);
+fn verify(words: &[u64], worker: usize, pattern: Pattern, w: &Worker, rounds: u32, bad: &mut Vec<Mismatch>) -> (u64, u64) {
     let n = words.len() as u64;
     let perm = Permutation::new(n, worker as u64 + 1);
     let mut mismatches = 0;
@@ -324,70 +342,85 @@ fn process_cpu_seconds() -> f64 {
     secs(usage.ru_utime) + secs(usage.ru_stime)
 }
 
-pub fn run(args: UsememArgs) -> Result<bool, String> {
-    if args.threads == 0 || args.rounds == 0 || args.size < 8 {
-        return Err("--threads, --rounds and --size must be positive".into());
+/// The workload's shape: the same whatever memory it runs on.
+pub(crate) struct Workload {
+    pattern: Pattern,
+    rounds: u32,
+    hot_words: usize,
+    writes_per_round: u64,
+    round_time: Duration,
+}
+
+impl Workload {
+    pub(crate) fn new(args: &UsememArgs, words_per_region: u64) -> Result<Workload, String> {
+        if !(0.0..1.0).contains(&args.hot_fraction) {
+            return Err("--hot-fraction must be at least 0 and below 1".into());
+        }
+        let hot_words = ((words_per_region as f64 * args.hot_fraction) as usize) & !511;
+        let writes_per_round = match args.pattern {
+            Pattern::Seq => words_per_region,
+            Pattern::Rand => args.writes.unwrap_or(words_per_region),
+            Pattern::Hotcold => words_per_region + 15 * hot_words as u64,
+        };
+        Ok(Workload {
+            pattern: args.pattern,
+            rounds: args.rounds,
+            hot_words,
+            writes_per_round,
+            round_time: Duration::from_secs_f64(args.round_time),
+        })
     }
-    let config = build_config(&args).map_err(|e| e.to_string())?;
-    let engine = Engine::new(config.clone()).map_err(|e| e.to_string())?;
-    let folio = args.folio.as_deref().map(|f| f.parse::<FolioSize>().unwrap()).unwrap_or(config.folio_size);
-    let mut regions: Vec<Region> = (0..args.threads)
-        .map(|_| engine.map(args.size as usize, RegionOptions::default().folio(folio)))
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
-    let words_per_region = regions[0].len() as u64 / 8;
-    if !(0.0..1.0).contains(&args.hot_fraction) {
-        return Err("--hot-fraction must be at least 0 and below 1".into());
-    }
-    let hot_words = ((words_per_region as f64 * args.hot_fraction) as usize) & !511;
-    let writes_per_round = match args.pattern {
-        Pattern::Seq => words_per_region,
-        Pattern::Rand => args.writes.unwrap_or(words_per_region),
-        Pattern::Hotcold => words_per_region + 15 * hot_words as u64,
-    };
-    let progress: Arc<Vec<AtomicU64>> = Arc::new((0..args.threads).map(|_| AtomicU64::new(0)).collect());
-    let barrier = Arc::new(Barrier::new(args.threads + 1));
-    let round_time = Duration::from_secs_f64(args.round_time);
-    let round_ends: Arc<Vec<Vec<AtomicU64>>> =
-        Arc::new((0..args.threads).map(|_| (0..args.rounds).map(|_| AtomicU64::new(0)).collect()).collect());
-    let start_ns = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicBool::new(false));
-    let bar = crate::progress::bar(args.threads as u64 * args.rounds as u64 * writes_per_round, "usemem");
+}
+
+/// What the rounds did: where each worker's rounds ended, and their times.
+pub(crate) struct Rounds {
+    workers: Vec<Worker>,
+    wall: f64,
+    cpu_s: f64,
+    round_s: Vec<f64>,
+}
+
+/// The rounds, one worker thread per memory (each `memories[t]` is worker t's words):
+/// the one code path for engine regions and plain memory alike.
+pub(crate) fn write_rounds(memories: Vec<&mut [u64]>, w: &Workload) -> Rounds {
+    let threads = memories.len();
+    let progress: Vec<AtomicU64> = (0..threads).map(|_| AtomicU64::new(0)).collect();
+    let barrier = Barrier::new(threads + 1);
+    let round_ends: Vec<Vec<AtomicU64>> = (0..threads).map(|_| (0..w.rounds).map(|_| AtomicU64::new(0)).collect()).collect();
+    let done = AtomicBool::new(false);
+    let bar = crate::progress::bar(threads as u64 * w.rounds as u64 * w.writes_per_round, "usemem");
 
     let mut cpu_at_start = 0.0;
+    let mut wall = 0.0;
     let workers: Vec<Worker> = std::thread::scope(|scope| {
-        let handles: Vec<_> = regions
-            .iter_mut()
+        let handles: Vec<_> = memories
+            .into_iter()
             .enumerate()
-            .map(|(t, region)| {
-                let (progress, barrier, round_ends) = (progress.clone(), barrier.clone(), round_ends.clone());
-                let pattern = args.pattern;
-                let rounds = args.rounds;
-                let start_ns = start_ns.clone();
+            .map(|(t, words)| {
+                let (progress, barrier, round_ends) = (&progress, &barrier, &round_ends);
                 scope.spawn(move || {
-                    let mut writer = Writer { words: words_mut(region), worker: t as u64, progress: &progress[t] };
+                    let mut writer = Writer { words, worker: t as u64, progress: &progress[t] };
                     let n = writer.words.len() as u64;
                     let perm = Permutation::new(n, t as u64 + 1);
                     let mut pos = 0u64;
                     let mut bounds = Vec::new();
                     barrier.wait();
                     let t0 = Instant::now();
-                    for r in 0..rounds as u64 {
-                        match pattern {
+                    for r in 0..w.rounds as u64 {
+                        match w.pattern {
                             Pattern::Seq => {
                                 writer.seq(r);
                                 pos += n;
                             }
-                            Pattern::Hotcold => pos += writer.hotcold(hot_words, r),
+                            Pattern::Hotcold => pos += writer.hotcold(w.hot_words, r),
                             Pattern::Rand => {
-                                let deadline = Instant::now() + round_time;
-                                writer.rand(&perm, &mut pos, writes_per_round, deadline, r);
+                                let deadline = Instant::now() + w.round_time;
+                                writer.rand(&perm, &mut pos, w.writes_per_round, deadline, r);
                             }
                         }
                         bounds.push(pos);
                         round_ends[t][r as usize].store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     }
-                    let _ = start_ns;
                     Worker { bounds }
                 })
             })
@@ -402,34 +435,32 @@ pub fn run(args: UsememArgs) -> Result<bool, String> {
         barrier.wait();
         let t0 = Instant::now();
         let workers: Vec<Worker> = handles.into_iter().map(|h| h.join().expect("worker panicked")).collect();
-        start_ns.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        wall = t0.elapsed().as_secs_f64();
         done.store(true, Ordering::Relaxed);
         monitor.join().unwrap();
         workers
     });
-    let wall = Duration::from_nanos(start_ns.load(Ordering::Relaxed)).as_secs_f64();
     let cpu_s = process_cpu_seconds() - cpu_at_start;
-    let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
     bar.finish_and_clear();
+    let round_s: Vec<f64> = (0..w.rounds as usize)
+        .map(|r| round_ends.iter().map(|ends| ends[r].load(Ordering::Relaxed)).max().unwrap_or(0) as f64 / 1e9)
+        .collect();
+    Rounds { workers, wall, cpu_s, round_s }
+}
 
-    let stats = engine.stats();
-    let anon_huge: u64 = regions.iter().map(|r| r.anon_huge_bytes().unwrap_or(0)).sum();
-    let writes: u64 = workers.iter().map(|w| *w.bounds.last().unwrap_or(&0)).sum();
-    let bytes_written = writes * 8;
-
-    let vbar = crate::progress::bar(args.threads as u64, "verify");
+/// Verify every word (`memories[t]` as worker t left it), then sum up the run.
+pub(crate) fn verify_rounds(memories: Vec<&[u64]>, w: &Workload, rounds: Rounds, anon_huge_bytes: u64, resident_bytes: u64) -> Outcome {
+    let vbar = crate::progress::bar(memories.len() as u64, "verify");
     let results: Vec<(u64, u64, Vec<Mismatch>)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = regions
-            .iter()
-            .zip(&workers)
+        let handles: Vec<_> = memories
+            .into_iter()
+            .zip(&rounds.workers)
             .enumerate()
-            .map(|(t, (region, w))| {
-                let pattern = args.pattern;
-                let rounds = args.rounds;
+            .map(|(t, (words, worker))| {
                 let vbar = &vbar;
                 scope.spawn(move || {
                     let mut bad = Vec::new();
-                    let (n, m) = verify(region, t, pattern, w, rounds, &mut bad);
+                    let (n, m) = verify(words, t, w.pattern, worker, w.rounds, &mut bad);
                     vbar.inc(1);
                     (n, m, bad)
                 })
@@ -441,31 +472,67 @@ pub fn run(args: UsememArgs) -> Result<bool, String> {
     let words_verified: u64 = results.iter().map(|r| r.0).sum();
     let mismatches: u64 = results.iter().map(|r| r.1).sum();
     let first_mismatches: Vec<Mismatch> = results.into_iter().flat_map(|r| r.2).take(8).collect();
-
-    let round_s: Vec<f64> = (0..args.rounds as usize)
-        .map(|r| {
-            let ends: Vec<u64> = round_ends.iter().map(|w| w[r].load(Ordering::Relaxed)).collect();
-            *ends.iter().max().unwrap() as f64 / 1e9
-        })
-        .collect();
-    let resident = stats.memory.resident_bytes;
-    let report = Report {
+    let writes: u64 = rounds.workers.iter().map(|w| *w.bounds.last().unwrap_or(&0)).sum();
+    let bytes_written = writes * 8;
+    let wall = rounds.wall;
+    let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
+    Outcome {
         throughput_mb_s: bytes_written as f64 / wall / 1e6,
         wall_s: wall,
         verified: mismatches == 0,
         bytes_written,
         writes,
-        writes_per_s: (args.pattern == Pattern::Rand).then(|| writes as f64 / wall),
+        writes_per_s: (w.pattern == Pattern::Rand).then(|| writes as f64 / wall),
         words_verified,
         mismatches,
         first_mismatches,
-        anon_huge_bytes: anon_huge,
-        resident_bytes: resident,
+        anon_huge_bytes,
+        resident_bytes,
+        anon_huge_pct_of_resident: if resident_bytes > 0 { 100.0 * anon_huge_bytes as f64 / resident_bytes as f64 } else { 0.0 },
+        round_s: rounds.round_s,
+        cpu_s: rounds.cpu_s,
+        cpu_utilization_pct: 100.0 * rounds.cpu_s / (wall * ncpu),
+    }
+}
+
+pub fn run(args: UsememArgs) -> Result<bool, String> {
+    if args.threads == 0 || args.rounds == 0 || args.size < 8 {
+        return Err("--threads, --rounds and --size must be positive".into());
+    }
+    if args.plain_memory {
+        return crate::kernel_swap::run_plain(&args);
+    }
+    if args.against.is_some() {
+        return crate::kernel_swap::against_kernel(&args);
+    }
+    let report = run_engine(&args)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+    } else {
+        print_table(&report);
+    }
+    Ok(report.outcome.verified)
+}
+
+/// The workload in engine regions.
+pub(crate) fn run_engine(args: &UsememArgs) -> Result<Report, String> {
+    let config = build_config(args).map_err(|e| e.to_string())?;
+    let engine = Engine::new(config.clone()).map_err(|e| e.to_string())?;
+    let folio = args.folio.as_deref().map(|f| f.parse::<FolioSize>().unwrap()).unwrap_or(config.folio_size);
+    let mut regions: Vec<Region> = (0..args.threads)
+        .map(|_| engine.map(args.size as usize, RegionOptions::default().folio(folio)))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let workload = Workload::new(args, regions[0].len() as u64 / 8)?;
+    let rounds = write_rounds(regions.iter_mut().map(words_mut).collect(), &workload);
+
+    let stats = engine.stats();
+    let anon_huge: u64 = regions.iter().map(|r| r.anon_huge_bytes().unwrap_or(0)).sum();
+    let resident = stats.memory.resident_bytes;
+    let outcome = verify_rounds(regions.iter().map(words).collect(), &workload, rounds, anon_huge, resident);
+    Ok(Report {
+        outcome,
         pool_bytes: stats.memory.pool_total_bytes,
-        anon_huge_pct_of_resident: if resident > 0 { 100.0 * anon_huge as f64 / resident as f64 } else { 0.0 },
-        round_s,
-        cpu_s,
-        cpu_utilization_pct: 100.0 * cpu_s / (wall * ncpu),
         config: RunConfig {
             threads: args.threads,
             size: regions[0].len() as u64,
@@ -492,13 +559,7 @@ pub fn run(args: UsememArgs) -> Result<bool, String> {
             }),
         },
         stats,
-    };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
-    } else {
-        print_table(&report);
-    }
-    Ok(report.verified)
+    })
 }
 
 fn print_table(r: &Report) {
@@ -520,22 +581,31 @@ fn print_table(r: &Report) {
         c.install,
         c.lru
     );
-    let mbs = if r.throughput_mb_s >= 10.0 { format!("{:.1}", r.throughput_mb_s) } else { format!("{:.3}", r.throughput_mb_s) };
-    println!("  throughput   {:>10} MB/s  ({} written in {:.2} s)", mbs, format_bytes(r.bytes_written), r.wall_s);
-    if let Some(w) = r.writes_per_s {
+    let mbs = if r.outcome.throughput_mb_s >= 10.0 {
+        format!("{:.1}", r.outcome.throughput_mb_s)
+    } else {
+        format!("{:.3}", r.outcome.throughput_mb_s)
+    };
+    println!("  throughput   {:>10} MB/s  ({} written in {:.2} s)", mbs, format_bytes(r.outcome.bytes_written), r.outcome.wall_s);
+    if let Some(w) = r.outcome.writes_per_s {
         println!("  writes       {:>10.0} /s", w);
     }
-    println!("  rounds       {}", r.round_s.iter().map(|s| format!("{s:.2}s")).collect::<Vec<_>>().join(" "));
-    println!("  cpu          {:.2} s ({:.0}% of all CPUs during the rounds)", r.cpu_s, r.cpu_utilization_pct);
-    println!("  verified     {}  ({} words, {} mismatches)", if r.verified { "yes" } else { "NO" }, r.words_verified, r.mismatches);
-    for m in &r.first_mismatches {
+    println!("  rounds       {}", r.outcome.round_s.iter().map(|s| format!("{s:.2}s")).collect::<Vec<_>>().join(" "));
+    println!("  cpu          {:.2} s ({:.0}% of all CPUs during the rounds)", r.outcome.cpu_s, r.outcome.cpu_utilization_pct);
+    println!(
+        "  verified     {}  ({} words, {} mismatches)",
+        if r.outcome.verified { "yes" } else { "NO" },
+        r.outcome.words_verified,
+        r.outcome.mismatches
+    );
+    for m in &r.outcome.first_mismatches {
         println!("    worker {} word {}: expected {} found {}", m.worker, m.word, m.expected, m.found);
     }
     println!(
         "  resident     {}  AnonHugePages {} ({:.1}% of resident)",
-        mib(r.resident_bytes),
-        mib(r.anon_huge_bytes),
-        r.anon_huge_pct_of_resident
+        mib(r.outcome.resident_bytes),
+        mib(r.outcome.anon_huge_bytes),
+        r.outcome.anon_huge_pct_of_resident
     );
     let m = &r.stats.memory;
     println!(
