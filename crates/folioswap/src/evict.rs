@@ -22,7 +22,7 @@
 
 use crate::config::SwapinPolicy;
 use crate::events::{apply_pending_after_publish, apply_pending_locked};
-use crate::folio::{Kind, State, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
+use crate::folio::{Kind, State, HUGE, PENDING, WANTED, WRITEBACK};
 use crate::gate::pump_events;
 use crate::install::{install_copy, install_slot, transfer, wake_folio, HaltReason, Transfer};
 use crate::lru::LruEntry;
@@ -523,23 +523,10 @@ pub(crate) fn publish(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: Foli
 /// that no event is marked against the unsplit folio meanwhile.
 fn publish_split(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, placed: &[Placed]) {
     let _gate = mm.gate.read().unwrap();
-    let e = table.entry(head);
-    let pending = e.load().has(PENDING);
-    let clock = e.evicted_at();
-    for (i, &p) in placed.iter().enumerate() {
-        let pe = table.entry(head + i);
-        let ps = if i == 0 { pe.load() } else { pe.lock() };
-        let kind = mm.tiers.record(table, head + i, FolioSize::K4, ps.gen(), p, &mm.counters);
-        pe.set_evicted_at(clock.wrapping_add(i as u32));
-        pe.set_locked(ps.with_kind(kind).with(WRITEBACK, false).with(HUGE, false));
-        if pending {
-            pe.set_flag(PENDING);
-        }
-        if i != 0 {
-            pe.unlock();
-        }
-    }
-    e.set_locked(e.load().with(SPLIT, true));
+    table.split_into_pages(head, placed.len(), |i, ps, clock| {
+        let kind = mm.tiers.record(table, head + i, FolioSize::K4, ps.gen(), placed[i], &mm.counters);
+        (ps.with_kind(kind).with(WRITEBACK, false).with(HUGE, false), clock.wrapping_add(i as u32))
+    });
     let sc = mm.counters.size(folio);
     sc.split.inc();
     sc.swpout_fallback.inc();

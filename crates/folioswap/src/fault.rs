@@ -471,24 +471,12 @@ fn split_on_swapin(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSi
         return false;
     };
     let _gate = mm.gate.read().unwrap();
-    let pending = e.load().has(PENDING);
-    let clock = e.evicted_at();
-    for (i, &p) in placed.iter().enumerate() {
-        let pe = table.entry(head + i);
-        let ps = if i == 0 { pe.load() } else { pe.lock() };
+    table.split_into_pages(head, placed.len(), |i, ps, clock| {
         // A new generation: the folio's own pool-LRU entry (at the head) goes stale.
         let next = ps.with(HUGE, false).with(WRITEBACK, false).with(CACHED, false).next_gen();
-        let kind = mm.tiers.record_page(table, head + i, next.gen(), p);
-        pe.set_evicted_at(clock);
-        pe.set_locked(next.with_kind(kind));
-        if pending {
-            pe.set_flag(PENDING);
-        }
-        if i != 0 {
-            pe.unlock();
-        }
-    }
-    e.set_locked(e.load().with(SPLIT, true));
+        let kind = mm.tiers.record_page(table, head + i, next.gen(), placed[i]);
+        (next.with_kind(kind), clock)
+    });
     let sc = mm.counters.size(folio);
     sc.split.inc();
     sc.swpin_fallback.inc();

@@ -8,7 +8,7 @@
 //! turns a page into an address for an ioctl holds the gate shared.
 
 use crate::config::SwapinPolicy;
-use crate::folio::PageEntry;
+use crate::folio::{PageEntry, State, PENDING, SPLIT};
 use crate::ra_window::RegionRa;
 use crate::size::{FolioSize, PAGE_SIZE};
 use crate::sys::map_aligned;
@@ -107,6 +107,32 @@ impl FolioTable {
     pub fn folio_addr(&self, head: usize, pages: usize) -> Option<usize> {
         let runs = self.mapped_runs(head, pages);
         (runs.len() == 1 && runs[0].pages == pages).then(|| runs[0].addr)
+    }
+
+    /// Make the large folio at `head` `pages` order-0 folios, one per page. The caller
+    /// holds the folio's lock (its head entry) and the event gate shared, so that no event
+    /// is marked against the folio meanwhile. Each page's entry is locked in turn (the
+    /// head's already is) and takes the state and eviction clock that `page(i, its state,
+    /// the folio's clock)` gives; an event pending on the folio stays pending on every
+    /// page; the head is then marked SPLIT and stays locked.
+    pub fn split_into_pages(&self, head: usize, pages: usize, mut page: impl FnMut(usize, State, u32) -> (State, u32)) {
+        let e = self.entry(head);
+        let pending = e.load().has(PENDING);
+        let clock = e.evicted_at();
+        for i in 0..pages {
+            let pe = self.entry(head + i);
+            let ps = if i == 0 { pe.load() } else { pe.lock() };
+            let (next, evicted_at) = page(i, ps, clock);
+            pe.set_evicted_at(evicted_at);
+            pe.set_locked(next);
+            if pending {
+                pe.set_flag(PENDING);
+            }
+            if i != 0 {
+                pe.unlock();
+            }
+        }
+        e.set_locked(e.load().with(SPLIT, true));
     }
 }
 
