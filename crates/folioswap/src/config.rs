@@ -769,7 +769,11 @@ mod tests {
             "FOLIOSWAP_FAULT_THREADS" => c.fault_threads.to_string(),
             "FOLIOSWAP_RECLAIM_THREADS" => c.reclaim_threads.to_string(),
             "FOLIOSWAP_LRU" => c.lru.to_string(),
-            "FOLIOSWAP_SWAP_FILE" => c.swap_file.as_ref().map(|f| format!("{}:{}", path(&f.path), f.size)).unwrap_or_default(),
+            "FOLIOSWAP_SWAP_FILE" => match &c.swap_file {
+                Some(f) => format!("{}:{}", path(&f.path), f.size),
+                None if c.auto_swap_file => "auto".into(),
+                None => "none".into(),
+            },
             "FOLIOSWAP_ACCEPT_THRESHOLD_PERCENT" => c.accept_threshold_percent.to_string(),
             "FOLIOSWAP_MIN_COMPRESSION_RATIO" => c.min_compression_ratio.to_string(),
             "FOLIOSWAP_SLOT_CACHE" => c.slot_cache.to_string(),
