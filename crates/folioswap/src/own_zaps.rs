@@ -87,20 +87,28 @@ impl OwnZaps {
 /// the zap waits for its event to be read (a `munmap` or `mprotect` inside the range),
 /// the kernel repeats the REMOVE for the part past the new boundary (mm/madvise.c:
 /// "userfaultfd_remove() will generate an UFFD_EVENT_REMOVE repetition on the
-/// end-vma->vm_end range"): a piece that ends where ours ends and starts where a VMA
-/// starts now (`is_vma_start`, asked only then) is that repetition, and ours.
+/// end-vma->vm_end range"): a piece that ends where the kept one ends, starts *inside* it
+/// (the boundary is new: one that existed before the zap would have cut the kept piece
+/// there) and where a VMA starts now (`is_vma_start`, asked only then) is that
+/// repetition, and ours, once per boundary. A piece equal to a kept one is always the
+/// program's, even at a VMA start: the kernel cuts its REMOVEs at the boundaries that
+/// exist, so the program's discard of the part past a boundary made earlier (a hole it
+/// unmapped) is a duplicate of our piece there, not a repetition.
 pub(crate) fn programs_pieces(
     start: usize,
     mut pieces: Vec<(usize, usize)>,
     mut is_vma_start: impl FnMut(usize) -> bool,
 ) -> Vec<(usize, usize)> {
     pieces.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-    let mut ours_end = start;
+    let (mut kept_start, mut ours_end) = (start, start);
+    let mut repeated = Vec::new();
     let mut theirs = Vec::new();
     for (s, e) in pieces {
         if s >= ours_end {
-            ours_end = e;
-        } else if !(e == ours_end && is_vma_start(s)) {
+            (kept_start, ours_end) = (s, e);
+        } else if e == ours_end && s > kept_start && !repeated.contains(&s) && is_vma_start(s) {
+            repeated.push(s);
+        } else {
             theirs.push((s, e.min(ours_end)));
         }
     }
@@ -152,6 +160,22 @@ mod tests {
         assert_eq!(programs_pieces(0, vec![(0, 100), (60, 100)], |_| false), vec![(60, 100)]);
         // A piece not reaching our end is the program's even at a boundary.
         assert_eq!(programs_pieces(0, vec![(0, 100), (60, 90)], |a| a == 60), vec![(60, 90)]);
+    }
+
+    #[test]
+    fn a_duplicate_of_our_piece_past_an_old_boundary_is_the_programs() {
+        // A hole the program unmapped earlier at [40, 60): our zap of [0, 100) comes as
+        // [0, 40) and [60, 100). The program's discard of [60, 100) meanwhile duplicates
+        // our second piece: it must read as zeros (the clean-clone run at 6bb3f22 found
+        // old data there in copy mode).
+        assert_eq!(programs_pieces(0, vec![(0, 40), (60, 100), (60, 100)], |a| a == 60), vec![(60, 100)]);
+    }
+
+    #[test]
+    fn a_repetition_and_the_programs_discard_of_the_same_range() {
+        // The program split the VMA at 60 while our zap of [0, 100) waited, then discarded
+        // [60, 100) itself: one of the two is the kernel's repetition, the other its own.
+        assert_eq!(programs_pieces(0, vec![(0, 100), (60, 100), (60, 100)], |a| a == 60), vec![(60, 100)]);
     }
 
     #[test]
