@@ -28,7 +28,7 @@ const PAGE: usize = 4096;
 
 /// Whether a request of `size` bytes is for the engine.
 fn wanted(size: usize) -> bool {
-    INTERPOSE.load(Ordering::Relaxed) && size >= THRESHOLD.load(Ordering::Relaxed) && !state::inside()
+    INTERPOSE.load(Ordering::Relaxed) && size >= THRESHOLD.load(Ordering::Relaxed) && !crate::inside::inside()
 }
 
 /// A managed block, or None (then the caller asks libc).
@@ -41,7 +41,7 @@ fn managed(size: usize, align: usize, origin: Origin) -> Option<*mut c_void> {
         Ok(p) => p,
         Err(e) => {
             // Out of address space or the like: libc may still manage.
-            state::within(|| eprintln!("folioswap: cannot manage a block of {size} bytes: {e}"));
+            crate::inside::within(|| eprintln!("folioswap: cannot manage a block of {size} bytes: {e}"));
             None
         }
     }

@@ -8,6 +8,7 @@
 //! C API of `include/folioswap.h` and leaves malloc and mmap alone.
 //!
 //! The pieces, one file each:
+//! - `inside`: which threads run the library's own code (their calls go to libc);
 //! - `alloc`: the library's own heap (libc's `__libc_*` functions, never the interposed
 //!   ones) and the real `malloc_usable_size`;
 //! - `state`: the managed blocks, the engine started on first use, and the process
@@ -32,6 +33,7 @@ compile_error!("libfolioswap.so interposes libc on x86-64 and AArch64 Linux only
 
 mod alloc;
 mod capi;
+mod inside;
 mod interpose;
 mod stat_server;
 mod state;

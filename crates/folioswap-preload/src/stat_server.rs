@@ -14,7 +14,7 @@
 //! - one thread per process, asleep in `accept` until asked; it runs marked inside the
 //!   library, so what it allocates never becomes managed memory.
 
-use crate::state;
+use crate::inside::within;
 use engine::Engine;
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -26,8 +26,12 @@ use std::time::Duration;
 /// The listener's descriptor, -1 when none: a forked child closes the one it inherited.
 static LISTENER: AtomicI32 = AtomicI32::new(-1);
 
-/// Start answering for `engine` (once per process; again in a forked child).
-pub fn start(engine: &Engine) {
+/// The managed ranges `(address, length)` to count huge pages in, in address order.
+pub type Ranges = fn() -> Vec<(usize, usize)>;
+
+/// Start answering for `engine`, whose memory `ranges` gives (once per process; again in
+/// a forked child).
+pub fn start(engine: &Engine, ranges: Ranges) {
     if LISTENER.load(Ordering::Acquire) >= 0 {
         return;
     }
@@ -45,7 +49,7 @@ pub fn start(engine: &Engine) {
     LISTENER.store(listener.as_raw_fd(), Ordering::Release);
     let engine = engine.clone();
     let spawned = std::thread::Builder::new().name("folioswap-stat".into()).spawn(move || {
-        state::within(|| serve(listener, engine, run));
+        within(|| serve(listener, engine, ranges, run));
     });
     if let Err(e) = spawned {
         LISTENER.store(-1, Ordering::Release);
@@ -65,14 +69,14 @@ pub fn forget_in_child() {
     }
 }
 
-fn serve(listener: UnixListener, engine: Engine, run: u32) {
+fn serve(listener: UnixListener, engine: Engine, ranges: Ranges, run: u32) {
     let command = command_line();
     for conn in listener.incoming() {
         let Ok(mut conn) = conn else { continue };
         if !peer_may_read(&conn) {
             continue;
         }
-        let reply = reply(&engine, run, &command);
+        let reply = reply(&engine, ranges, run, &command);
         let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
         let _ = conn.write_all(reply.as_bytes());
     }
@@ -92,10 +96,9 @@ fn peer_may_read(conn: &UnixStream) -> bool {
     rc == 0 && (cred.uid == 0 || cred.uid == own)
 }
 
-fn reply(engine: &Engine, run: u32, command: &str) -> String {
-    // The blocks' ranges are copied under the library's lock, and smaps read after it.
-    let ranges: Vec<(usize, usize)> = state::lock().blocks.iter().filter(|(_, b)| b.region.is_some()).map(|(&a, b)| (a, b.len)).collect();
-    let anon_huge = engine::anon_huge_bytes_of(&ranges).unwrap_or(0);
+fn reply(engine: &Engine, ranges: Ranges, run: u32, command: &str) -> String {
+    // The ranges are copied under the library's lock, and smaps read after it.
+    let anon_huge = engine::anon_huge_bytes_of(&ranges()).unwrap_or(0);
     let mut line = serde_json::json!({
         "pid": std::process::id(),
         "run": run,

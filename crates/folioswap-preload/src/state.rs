@@ -11,6 +11,7 @@
 //! process answers `folioswap stat` (`stat_server`).
 
 use crate::alloc;
+use crate::inside::within;
 use engine::{Config, Engine, Region, RegionOptions};
 use std::collections::BTreeMap;
 use std::ffi::c_void;
@@ -56,24 +57,6 @@ static STATE: Mutex<State> = Mutex::new(State { engine: None, pending: None, unm
 
 pub fn lock() -> MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-thread_local! {
-    /// Set while this thread runs library code that may call an interposed function.
-    static INSIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Whether the calling thread is inside the library (its calls go straight to libc).
-pub fn inside() -> bool {
-    INSIDE.with(|c| c.get())
-}
-
-/// Run `f` marked as inside the library.
-pub fn within<T>(f: impl FnOnce() -> T) -> T {
-    let was = INSIDE.with(|c| c.replace(true));
-    let r = f();
-    INSIDE.with(|c| c.set(was));
-    r
 }
 
 fn env_flag(name: &str) -> Option<bool> {
@@ -124,7 +107,7 @@ impl State {
             match within(|| Engine::new(config)) {
                 Ok(e) => {
                     crate::syscalls::engine_started(&e);
-                    within(|| crate::stat_server::start(&e));
+                    within(|| crate::stat_server::start(&e, managed_ranges));
                     self.engine = Some(e);
                 }
                 Err(e) if INTERPOSE.load(Ordering::Relaxed) => {
@@ -198,6 +181,12 @@ impl State {
         let Some(engine) = self.engine()? else { return Ok(None) };
         Ok(Some(serde_json::to_string(&engine.stats()).expect("stats serialise")))
     }
+}
+
+/// The managed blocks' ranges `(address, length)`, in address order, that this process's
+/// engine serves (not those a forked child inherited): `folioswap stat`'s THP share.
+fn managed_ranges() -> Vec<(usize, usize)> {
+    lock().blocks.iter().filter(|(_, b)| b.region.is_some()).map(|(&a, b)| (a, b.len)).collect()
 }
 
 /// What `fork_prepare` holds until the fork is done. Only the forking thread touches it,
