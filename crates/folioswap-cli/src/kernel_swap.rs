@@ -12,8 +12,7 @@
 //! and runs: the parent then kills the child, restores and exits with 128 + the signal
 //! (130 for Ctrl-C).
 
-use crate::usemem::{self, Outcome, UsememArgs, Workload};
-use clap::ValueEnum;
+use crate::usemem::{self, KernelSwapKind, Outcome, UsememArgs, Workload};
 use folioswap::{format_bytes, FolioSize};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
@@ -29,23 +28,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Against {
-    /// The kernel's own swap, same workload, same limit.
-    Kernel,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KernelSwapKind {
-    /// zram0 with lz4, the only swap device.
-    Zram,
-    /// A swap file in /var/tmp (zswap off).
-    File,
-    /// The swap file behind zswap (lz4 where the kernel's crypto API has it).
-    Zswap,
-}
 
 const THP: &str = "/sys/kernel/mm/transparent_hugepage";
 const ZRAM: &str = "/sys/block/zram0";
@@ -652,32 +634,8 @@ struct Anon {
 
 impl Anon {
     fn new(len: usize, align: usize, advice: libc::c_int) -> Result<Anon, String> {
-        let total = len + align;
-        // SAFETY: a fresh anonymous mapping; no existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                total,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(format!("mmap of {}: {}", format_bytes(total as u64), io::Error::last_os_error()));
-        }
-        let start = (p as usize).next_multiple_of(align);
-        let (head, tail) = (start - p as usize, total - (start - p as usize) - len);
-        // SAFETY: the unused head and tail of the mapping just made, nothing else.
-        unsafe {
-            if head > 0 {
-                libc::munmap(p, head);
-            }
-            if tail > 0 {
-                libc::munmap((start + len) as *mut libc::c_void, tail);
-            }
-        }
+        let start = folioswap::map_aligned(len, align)
+            .map_err(|errno| format!("mmap of {}: {}", format_bytes((len + align) as u64), io::Error::from_raw_os_error(errno)))?;
         let anon = Anon { base: start as *mut u8, len };
         // SAFETY: advice about our own mapping.
         if unsafe { libc::madvise(start as *mut libc::c_void, len, advice) } != 0 && advice == libc::MADV_HUGEPAGE {
@@ -703,33 +661,6 @@ impl Drop for Anon {
         // SAFETY: the mapping this owns; no slice of it outlives self.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
     }
-}
-
-/// Rss, AnonHugePages and Swap of the mappings in `ranges` (sorted, disjoint), in bytes,
-/// from /proc/self/smaps (a mapping straddling a range counts in proportion).
-fn smaps_of(ranges: &[(usize, usize)]) -> [u64; 3] {
-    let text = fs::read_to_string("/proc/self/smaps").unwrap_or_default();
-    let mut sums = [0u64; 3];
-    let mut overlap: Option<(u64, u64)> = None; // (overlap bytes, mapping bytes)
-    for line in text.lines() {
-        if let Some((range, _)) = line.split_once(' ') {
-            if let Some((lo, hi)) = range.split_once('-') {
-                if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)) {
-                    let o: usize = ranges.iter().map(|&(a, l)| (hi.min(a + l)).saturating_sub(lo.max(a))).sum();
-                    overlap = (o > 0).then_some((o as u64, (hi - lo) as u64));
-                    continue;
-                }
-            }
-        }
-        let Some((o, size)) = overlap else { continue };
-        for (i, key) in ["Rss:", "AnonHugePages:", "Swap:"].iter().enumerate() {
-            if let Some(rest) = line.strip_prefix(key) {
-                let kb: u64 = rest.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
-                sums[i] += kb * 1024 * o / size;
-            }
-        }
-    }
-    sums
 }
 
 /// The /proc/vmstat counters the kernel side reports (deltas over the rounds), named as
@@ -847,8 +778,10 @@ pub(crate) fn run_plain(args: &UsememArgs) -> Result<bool, String> {
     let before = Counters::read();
     let rounds = usemem::write_rounds(memories.iter_mut().map(Anon::words_mut).collect(), &workload);
     let stats = Counters::read().since(&before);
-    let ranges: Vec<(usize, usize)> = memories.iter().map(|m| (m.base as usize, m.len)).collect();
-    let [rss, anon_huge, swap] = smaps_of(&ranges);
+    let mut ranges: Vec<(usize, usize)> = memories.iter().map(|m| (m.base as usize, m.len)).collect();
+    ranges.sort_unstable();
+    let folioswap::SmapsSums { rss_bytes: rss, anon_huge_bytes: anon_huge, swap_bytes: swap } =
+        folioswap::smaps_of(&ranges).unwrap_or_default();
     let outcome = usemem::verify_rounds(memories.iter().map(Anon::words).collect(), &workload, rounds, anon_huge, rss);
     let report = PlainReport {
         outcome,
@@ -880,7 +813,7 @@ enum KernelSide {
     Failed(String),
 }
 
-fn value_name<T: ValueEnum>(v: T) -> String {
+fn value_name<T: clap::ValueEnum>(v: T) -> String {
     v.to_possible_value().map(|p| p.get_name().to_string()).unwrap_or_default()
 }
 
@@ -1150,7 +1083,7 @@ mod tests {
     fn smaps_counts_plain_memory() {
         let mut m = Anon::new(4 << 20, 2 << 20, libc::MADV_NOHUGEPAGE).unwrap();
         m.words_mut()[..(1 << 20) / 8].fill(1);
-        let [rss, huge, _] = smaps_of(&[(m.base as usize, m.len)]);
+        let folioswap::SmapsSums { rss_bytes: rss, anon_huge_bytes: huge, .. } = folioswap::smaps_of(&[(m.base as usize, m.len)]).unwrap();
         assert!((1 << 20..2 << 20).contains(&rss), "{rss}");
         assert_eq!(huge, 0);
         assert_eq!(m.base as usize % (2 << 20), 0);

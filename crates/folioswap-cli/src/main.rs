@@ -50,6 +50,19 @@ enum Bench {
     Readahead(Box<readahead::ReadaheadArgs>),
 }
 
+/// `bench usemem`: under the engine, on plain memory (the kernel side's child), or both
+/// side by side.
+fn bench_usemem(args: &usemem::UsememArgs) -> Result<bool, String> {
+    usemem::check_args(args)?;
+    if args.plain_memory {
+        kernel_swap::run_plain(args)
+    } else if args.against.is_some() {
+        kernel_swap::against_kernel(args)
+    } else {
+        usemem::run(args)
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -59,7 +72,7 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             })
         }
-        Command::Bench(Bench::Usemem(args)) => usemem::run(*args),
+        Command::Bench(Bench::Usemem(args)) => bench_usemem(&args),
         Command::Bench(Bench::Codec(args)) => codec::run(args),
         Command::Bench(Bench::Slots(args)) => slots::run(args),
         Command::Bench(Bench::Readahead(args)) => readahead::run(*args),

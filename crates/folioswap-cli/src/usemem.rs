@@ -23,6 +23,23 @@ pub enum Pattern {
     Hotcold,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Against {
+    /// The kernel's own swap, same workload, same limit.
+    Kernel,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelSwapKind {
+    /// zram0 with lz4, the only swap device.
+    Zram,
+    /// A swap file in /var/tmp (zswap off).
+    File,
+    /// The swap file behind zswap (lz4 where the kernel's crypto API has it).
+    Zswap,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct UsememArgs {
     /// Worker threads, each with its own region.
@@ -99,11 +116,11 @@ pub struct UsememArgs {
     /// same limit (a memory cgroup), and print both side by side (root; restores every
     /// setting it touches).
     #[arg(long, value_enum)]
-    pub(crate) against: Option<crate::kernel_swap::Against>,
+    pub(crate) against: Option<Against>,
     /// With --against kernel: zram (lz4, the default), a swap file in /var/tmp, or that
     /// file behind zswap (lz4 where the kernel's crypto API has it).
     #[arg(long, value_enum, requires = "against")]
-    pub(crate) kernel_swap: Option<crate::kernel_swap::KernelSwapKind>,
+    pub(crate) kernel_swap: Option<KernelSwapKind>,
     /// The kernel side of --against kernel: the workload on plain anonymous memory.
     #[arg(long, hide = true, conflicts_with = "against")]
     pub(crate) plain_memory: bool,
@@ -495,17 +512,18 @@ pub(crate) fn verify_rounds(memories: Vec<&[u64]>, w: &Workload, rounds: Rounds,
     }
 }
 
-pub fn run(args: UsememArgs) -> Result<bool, String> {
+/// The arguments make a workload at all (whichever memory it then runs on).
+pub(crate) fn check_args(args: &UsememArgs) -> Result<(), String> {
     if args.threads == 0 || args.rounds == 0 || args.size < 8 {
         return Err("--threads, --rounds and --size must be positive".into());
     }
-    if args.plain_memory {
-        return crate::kernel_swap::run_plain(&args);
-    }
-    if args.against.is_some() {
-        return crate::kernel_swap::against_kernel(&args);
-    }
-    let report = run_engine(&args)?;
+    Ok(())
+}
+
+/// The workload under the engine, printed as a table or JSON (`--against` and
+/// `--plain-memory` are `kernel_swap.rs`'s).
+pub fn run(args: &UsememArgs) -> Result<bool, String> {
+    let report = run_engine(args)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
     } else {

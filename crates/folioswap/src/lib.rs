@@ -84,10 +84,11 @@ pub use kernel_access::{kernel_buffer_probe, prefault_for_kernel, KernelBuffer};
 pub use region::Region;
 pub use region::RegionOptions;
 pub use size::{format_bytes, parse_bytes, physical_memory, FolioSize, PoolLimit, SizeError, HUGE_SIZE, PAGE_SIZE};
-pub use smaps::{anon_huge_bytes, anon_huge_bytes_of};
+pub use smaps::{anon_huge_bytes, anon_huge_bytes_of, smaps_of, SmapsSums};
 pub use stages::{StageMean, StageStat};
 pub use stats::{
     Latency, LatencyHistogram, MemoryStat, RegionReadahead, SizeStat, Stats, SwapIoStats, SwapStat, VmStat, STAT_SOCKET_PREFIX,
 };
+pub use sys::map_aligned;
 pub use uffd::{InstallMode, UffdMode};
 pub use zswap::{Codec, CodecScratch};

@@ -50,9 +50,10 @@ pub(crate) unsafe fn madvise(addr: *mut libc::c_void, len: usize, advice: i32) -
     unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) as i32 }
 }
 
-/// Reserve `len` bytes of address space aligned to `align` (a power of two). Returns the
-/// address or the errno of the failed mmap.
-pub(crate) fn map_aligned(len: usize, align: usize) -> Result<usize, i32> {
+/// Reserve `len` bytes of address space aligned to `align` (a power of two): private
+/// anonymous read-write memory, not reserved against overcommit. Returns the address or
+/// the errno of the failed mmap. The caller unmaps it.
+pub fn map_aligned(len: usize, align: usize) -> Result<usize, i32> {
     let total = len.checked_add(align).ok_or(libc::ENOMEM)?;
     // SAFETY: an anonymous private mapping at a kernel-chosen address touches no existing memory.
     let p = unsafe {
