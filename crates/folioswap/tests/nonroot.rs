@@ -109,10 +109,14 @@ fn syscalls_need_prefault_as_nobody() {
             let n = unsafe { libc::read(rd, oldest(&r).cast(), len) };
             assert_eq!((n, errno()), (-1, libc::EFAULT), "read(2) into swapped-out memory in user-mode-only mode");
         }
+        // Reclaim may still be running down to its watermark and would evict pages between
+        // the prefault and the call (the wrappers retry for that); held still, it cannot.
+        let still = e.quiesce();
         assert_eq!(prefault_for_kernel(oldest(&r), len, false), user_mode_only);
         // SAFETY: as above, now resident.
         let n = unsafe { libc::read(rd, oldest(&r).cast(), len) };
         assert_eq!(n, len as isize, "read(2) after prefault_for_kernel: {}", std::io::Error::last_os_error());
+        drop(still);
         // SAFETY: reading the bytes just read into the region.
         let got = unsafe { std::slice::from_raw_parts(oldest(&r), len) };
         assert!(got == &payload[..], "read(2) put other bytes into the region");
@@ -124,9 +128,11 @@ fn syscalls_need_prefault_as_nobody() {
             let n = unsafe { libc::write(wr, oldest(&r).cast(), len) };
             assert_eq!((n, errno()), (-1, libc::EFAULT), "write(2) from swapped-out memory in user-mode-only mode");
         }
+        let still = e.quiesce();
         assert_eq!(prefault_for_kernel(oldest(&r), len, false), user_mode_only);
         // SAFETY: as above, now resident.
         assert_eq!(unsafe { libc::write(wr, oldest(&r).cast(), len) }, len as isize);
+        drop(still);
         let mut back = vec![0u8; len];
         // SAFETY: reads `len` bytes into a live Vec.
         assert_eq!(unsafe { libc::read(rd, back.as_mut_ptr().cast(), len) }, len as isize);
