@@ -151,6 +151,39 @@ pub(crate) fn ncpu() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
+/// The CPUs the calling thread may run on (its affinity, which the engine's threads
+/// inherit), in order; one unnamed CPU where the kernel will not say.
+fn allowed_cpus() -> Vec<Option<usize>> {
+    // SAFETY: a zeroed cpu_set_t of the size passed, which the kernel fills.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return vec![None; ncpu()];
+        }
+        set
+    };
+    // SAFETY: every `cpu` passed is below CPU_SETSIZE, the set's size.
+    let cpus: Vec<Option<usize>> = (0..libc::CPU_SETSIZE as usize).filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) }).map(Some).collect();
+    if cpus.is_empty() {
+        vec![None]
+    } else {
+        cpus
+    }
+}
+
+/// Keep the calling thread on `cpu` (none: leave it where the scheduler puts it). A
+/// refusal (a cpuset changed meanwhile) leaves it unpinned, which only costs speed.
+fn pin_to_cpu(cpu: Option<usize>) {
+    let Some(cpu) = cpu else { return };
+    // SAFETY: a zeroed cpu_set_t with one CPU below CPU_SETSIZE set, passed with its size,
+    // for the calling thread only.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 impl Engine {
     /// Start an engine: opens its userfaultfds and its swap file (the configured one, or
     /// one made on demand: `Config::auto_swap_file`), and starts its reclaim threads (and
@@ -250,13 +283,30 @@ impl Engine {
         for i in 0..reclaimers {
             spawn(format!("fsw-kswapd{i}"), crate::reclaim::kswapd, &mut threads)?;
         }
-        let servers = match (mm.config.fault_mode, mm.config.fault_threads) {
-            (FaultMode::Signal, _) => 1,
-            (FaultMode::Thread, 0) => ncpu(),
-            (FaultMode::Thread, n) => n,
-        };
-        for i in 0..servers {
-            spawn(format!("fsw-fault{i}"), crate::fault::fault_thread, &mut threads)?;
+        match (mm.config.fault_mode, mm.config.fault_threads) {
+            (FaultMode::Signal, _) => spawn("fsw-fault0".to_string(), crate::fault::fault_thread, &mut threads)?,
+            (FaultMode::Thread, 0) => {
+                // One fault thread on each CPU the engine may use: all of them wake at a
+                // fault, and the one on the faulting thread's CPU, which that thread has
+                // just left, usually gets there first; the wake-ups back and forth then
+                // stay on one CPU (BENCHMARKS.md, "Fault threads, one on each CPU").
+                for (i, cpu) in allowed_cpus().into_iter().enumerate() {
+                    let s = mm.clone();
+                    let t = std::thread::Builder::new()
+                        .name(format!("fsw-fault{i}"))
+                        .spawn(move || {
+                            pin_to_cpu(cpu);
+                            crate::fault::fault_thread(s)
+                        })
+                        .map_err(|e| Error::sys("starting an engine thread", e))?;
+                    threads.push(t);
+                }
+            }
+            (FaultMode::Thread, n) => {
+                for i in 0..n {
+                    spawn(format!("fsw-fault{i}"), crate::fault::fault_thread, &mut threads)?;
+                }
+            }
         }
         if mm.install == InstallMode::Copy {
             spawn("fsw-zapread".to_string(), crate::gate::read_for_own_zaps, &mut threads)?;
