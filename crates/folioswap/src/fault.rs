@@ -181,6 +181,9 @@ fn handle_fault_timed(mm: &Arc<Mm>, addr: usize) -> FaultOutcome {
                 mm.counters.swapin_latency[hit as usize].record(ns);
                 // A split folio's pages are not read ahead: the window is in folios.
                 if folio == entry.table.folio {
+                    if hit {
+                        map_ahead(mm, &entry.table, head, folio);
+                    }
                     readahead_after_fault(mm, &entry.table, head, folio, hit);
                 }
                 if !hit {
@@ -504,6 +507,51 @@ fn fault_ra_hit(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSiz
     }
 }
 
+/// After a readahead hit, map the copies that follow it in the stream too, so that the
+/// stream's next accesses find them mapped instead of each taking a fault: the kernel's
+/// minor fault on a swap cache page costs about a microsecond, ours a round trip through
+/// the userfaultfd. At most the region's readahead window, only copies whose lock is free
+/// (never waiting), forward from the hit or, where the folio before it is cached, back.
+/// Only 4 KiB folios: a larger folio's fault is already shared by its pages, and mapping
+/// 64 KiB ahead made the stream wait on the copy instead (BENCHMARKS.md, "Mapping
+/// readahead copies ahead").
+fn map_ahead(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize) {
+    if folio != FolioSize::K4 {
+        return;
+    }
+    let pages = folio.pages();
+    let window = table.ra.state.load().win as usize;
+    let is_copy = |i: usize| table.entry(i).load().has(CACHED);
+    let backward = head >= pages && is_copy(head - pages) && !(head + pages < table.pages && is_copy(head + pages));
+    for k in 1..=window {
+        let next = if backward {
+            match head.checked_sub(k * pages) {
+                Some(n) => n,
+                None => break,
+            }
+        } else {
+            head + k * pages
+        };
+        if next + pages > table.pages || !map_copy(mm, table, next, folio) {
+            break;
+        }
+    }
+}
+
+/// Map one readahead copy as if a fault had taken it; false if it is not there to take.
+fn map_copy(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize) -> bool {
+    let e = table.entry(head);
+    let Some(s) = e.try_lock() else { return false };
+    let takeable = matches!(s.kind(), Kind::Pool | Kind::Swapped) && s.has(CACHED) && !s.has(PENDING) && !s.has(SPLIT);
+    let mapped = takeable && matches!(install_readahead(mm, table, head, folio, s), Some(Ok(())));
+    if mapped {
+        mark_resident(mm, table, head, folio, s.with(CACHED, false), false, true);
+        mm.counters.vm.swap_ra_mapped.inc();
+    }
+    e.unlock();
+    mapped
+}
+
 /// An arm's failure as the next step: an install that met an event retries; one whose
 /// range is gone is not ours any more; anything else fails the fault.
 fn failed(err: FaultError) -> Step {
@@ -518,6 +566,12 @@ fn failed(err: FaultError) -> Step {
 /// coming back from eviction (`refault`) within the working-set distance goes on the
 /// active list.
 fn now_resident(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSize, s: State, huge: bool, refault: bool) {
+    mark_resident(mm, table, target, folio, s, huge, refault);
+    mm.counters.vm.pgfault.inc();
+}
+
+/// `now_resident` without the fault: for a folio mapped before any fault asked for it.
+fn mark_resident(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSize, s: State, huge: bool, refault: bool) {
     let next = s.with_kind(Kind::Resident).with(HUGE, huge).with(WRITEBACK, false).next_gen();
     let e = table.entry(target);
     let mut active = false;
@@ -535,7 +589,6 @@ fn now_resident(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSiz
     e.set_handle(0);
     e.set_locked(next);
     mm.lru.push(table.clone(), target, folio, next.gen(), active);
-    mm.counters.vm.pgfault.inc();
 }
 
 // ---- signal mode -------------------------------------------------------------------

@@ -238,6 +238,9 @@ counter_struct!(
         swap_ra_waste,
         /// Readahead folios chosen along a detected stride rather than the plain window.
         swap_ra_stride,
+        /// Readahead folios mapped right after a hit before any fault asked for them
+        /// (`map_ahead`); also counted in `swap_ra_hit`.
+        swap_ra_mapped,
         /// 2 MiB folios swapped out whole to the swap file, and those split first.
         thp_swpout,
         thp_swpout_fallback,

@@ -8,7 +8,8 @@
 //! include the other threads' ones, so the engine reads ahead folios their owners are
 //! writing or discarding at that moment; and now and then a thread unmaps a run of folios
 //! while the others' readahead may be reading it. Every owned folio is verified on every
-//! sweep, and all of them at the end.
+//! sweep, and all of them at the end. A hit on a 4 KiB folio also maps the copies after
+//! it (`swap_ra_mapped`), so those installs race the owners' writes and discards too.
 
 use folioswap::{Config, Engine, FolioSize, Region, RegionOptions};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -81,6 +82,7 @@ impl Rng {
 }
 
 fn run(config: Config, label: &str) {
+    let config_async = config.ra_async;
     let engine = Engine::new(config.memory_high("8M").unwrap()).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
     let regions: Arc<Vec<Tracked>> = Arc::new(
         [(FolioSize::K4, 24 << 20), (FolioSize::K64, 16 << 20)]
@@ -175,9 +177,10 @@ fn run(config: Config, label: &str) {
     let quiet = engine.quiesce();
     let stats = engine.stats();
     eprintln!(
-        "{label}: swap_ra {} hit {} waste {} stride {}; zswpin {} pgmajfault {}; uffd_remove {} uffd_unmap {}",
+        "{label}: swap_ra {} hit {} (mapped ahead {}) waste {} stride {}; zswpin {} pgmajfault {}; uffd_remove {} uffd_unmap {}",
         stats.vm.swap_ra,
         stats.vm.swap_ra_hit,
+        stats.vm.swap_ra_mapped,
         stats.vm.swap_ra_waste,
         stats.vm.swap_ra_stride,
         stats.vm.zswpin,
@@ -188,6 +191,12 @@ fn run(config: Config, label: &str) {
     assert!(failures.is_empty(), "{label}: {} failures, first: {}", failures.len(), failures[0]);
     assert!(stats.vm.swap_ra > 0 && stats.vm.swap_ra_hit > 0, "{label}: readahead must happen and hit: {:?}", stats.vm);
     assert!(stats.vm.swap_ra_hit + stats.vm.swap_ra_waste <= stats.vm.swap_ra, "{label}: {:?}", stats.vm);
+    assert!(stats.vm.swap_ra_mapped <= stats.vm.swap_ra_hit, "{label}: copies mapped ahead are hits: {:?}", stats.vm);
+    if !config_async {
+        // Read ahead on the faulting thread, a sweep's next folios are cached when its
+        // next fault hits, so some must have been mapped ahead (4 KiB region).
+        assert!(stats.vm.swap_ra_mapped > 0, "{label}: nothing was mapped ahead: {:?}", stats.vm);
+    }
     let per_region: u64 = regions.iter().map(|t| t.region.readahead_stats().swap_ra).sum();
     assert_eq!(per_region, stats.vm.swap_ra, "{label}: the regions' counts add up to the total");
     drop(quiet);
