@@ -586,6 +586,14 @@ fn mark_resident(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSi
             }
         }
     }
+    // A buffer made resident for a system call (`prefault_for_kernel`) must stay so until
+    // the call has copied it: on the inactive list a folio just brought back can be the
+    // next one evicted (a few 2 MiB folios under a small limit), and the call then fails
+    // with EFAULT again at every retry. The kernel's GUP marks the pages it faults in
+    // accessed for the same reason.
+    if mm.config.lru == LruPolicy::Workingset && mm.prefaulting.load(Ordering::Relaxed) > 0 {
+        active = true;
+    }
     e.set_handle(0);
     e.set_locked(next);
     mm.lru.push(table.clone(), target, folio, next.gen(), active);
