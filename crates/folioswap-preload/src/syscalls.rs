@@ -23,9 +23,10 @@
 //! in between. The call then fails with EFAULT having transferred nothing: reads and
 //! writes on files, pipes and stream sockets copy nothing before the fault, or return the
 //! short count of what they copied, which the loop below carries on from. The wrapper
-//! touches the buffer again and retries, at most [`RETRIES`] times: a retry faults the
-//! buffer back in at the young end of the LRU, so a second EFAULT needs about
-//! memory_high's worth of evictions between the touch and the call, or an EFAULT that
+//! touches the buffer again and retries, at most [`RETRIES`] times: the touch faults the
+//! buffer in onto the active list (`Mm::prefaulting`), behind which the inactive list is
+//! evicted first, so a second EFAULT needs about memory_high's worth of evictions
+//! between the touch and the call, or an EFAULT that
 //! is not about managed memory (another bad pointer); retrying that for ever would hang
 //! the program, so after the last retry the EFAULT is the caller's. One exception: a
 //! datagram socket drops a datagram that fails to copy (UDP counts it as a receive
