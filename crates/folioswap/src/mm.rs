@@ -82,7 +82,8 @@ pub(crate) struct Mm {
     /// Buffers being made resident for a system call (`kernel_access.rs`): while any is,
     /// large folios swap in whole whatever `swapin_enabled` says, so that a buffer comes
     /// back in a few faults rather than page by page, each page evictable again before
-    /// the last is in.
+    /// the last is in; and what they bring back joins the active list (`fault.rs`,
+    /// `mark_resident`), so that it is still there when the call copies it.
     pub prefaulting: AtomicUsize,
     /// Wakes the fault/event threads: stop, deferred faults, events to apply.
     pub kick_fd: OwnedFd,
