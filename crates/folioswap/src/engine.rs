@@ -270,12 +270,18 @@ impl Engine {
             crate::fault::install_sigbus_handler();
         }
         let mut threads = Vec::new();
-        let spawn = |name: String, f: fn(Arc<Mm>), threads: &mut Vec<JoinHandle<()>>| -> Result<()> {
+        // A thread running `f`, kept on `cpu` if one is given.
+        let spawn_on = |name: String, cpu: Option<usize>, f: fn(Arc<Mm>), threads: &mut Vec<JoinHandle<()>>| -> Result<()> {
             let s = mm.clone();
-            let t = std::thread::Builder::new().name(name).spawn(move || f(s)).map_err(|e| Error::sys("starting an engine thread", e))?;
+            let run = move || {
+                pin_to_cpu(cpu);
+                f(s)
+            };
+            let t = std::thread::Builder::new().name(name).spawn(run).map_err(|e| Error::sys("starting an engine thread", e))?;
             threads.push(t);
             Ok(())
         };
+        let spawn = |name: String, f: fn(Arc<Mm>), threads: &mut Vec<JoinHandle<()>>| spawn_on(name, None, f, threads);
         let reclaimers = match mm.config.reclaim_threads {
             0 => ncpu(),
             n => n,
@@ -291,15 +297,7 @@ impl Engine {
                 // just left, usually gets there first; the wake-ups back and forth then
                 // stay on one CPU (BENCHMARKS.md, "Fault threads, one on each CPU").
                 for (i, cpu) in allowed_cpus().into_iter().enumerate() {
-                    let s = mm.clone();
-                    let t = std::thread::Builder::new()
-                        .name(format!("fsw-fault{i}"))
-                        .spawn(move || {
-                            pin_to_cpu(cpu);
-                            crate::fault::fault_thread(s)
-                        })
-                        .map_err(|e| Error::sys("starting an engine thread", e))?;
-                    threads.push(t);
+                    spawn_on(format!("fsw-fault{i}"), cpu, crate::fault::fault_thread, &mut threads)?;
                 }
             }
             (FaultMode::Thread, n) => {

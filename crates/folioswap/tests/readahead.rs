@@ -82,7 +82,6 @@ impl Rng {
 }
 
 fn run(config: Config, label: &str) {
-    let config_async = config.ra_async;
     let engine = Engine::new(config.memory_high("8M").unwrap()).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
     let regions: Arc<Vec<Tracked>> = Arc::new(
         [(FolioSize::K4, 24 << 20), (FolioSize::K64, 16 << 20)]
@@ -192,7 +191,7 @@ fn run(config: Config, label: &str) {
     assert!(stats.vm.swap_ra > 0 && stats.vm.swap_ra_hit > 0, "{label}: readahead must happen and hit: {:?}", stats.vm);
     assert!(stats.vm.swap_ra_hit + stats.vm.swap_ra_waste <= stats.vm.swap_ra, "{label}: {:?}", stats.vm);
     assert!(stats.vm.swap_ra_mapped <= stats.vm.swap_ra_hit, "{label}: copies mapped ahead are hits: {:?}", stats.vm);
-    if !config_async {
+    if !engine.config().ra_async {
         // Read ahead on the faulting thread, a sweep's next folios are cached when its
         // next fault hits, so some must have been mapped ahead (4 KiB region).
         assert!(stats.vm.swap_ra_mapped > 0, "{label}: nothing was mapped ahead: {:?}", stats.vm);
