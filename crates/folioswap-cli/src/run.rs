@@ -38,6 +38,13 @@ pub struct RunArgs {
     /// cannot hold for data that does not compress).
     #[arg(long)]
     swap_file: Option<String>,
+    /// A Redis or Valkey cluster in the swap file's place: redis://HOST:PORT[,HOST:PORT…];
+    /// what leaves memory goes there, encrypted with a key that never leaves the process.
+    #[arg(long)]
+    remote_tier: Option<String>,
+    /// Encrypt and authenticate every page written to the swap file.
+    #[arg(long)]
+    encrypt: bool,
     /// Cap of the compressed pool (a size, or a percentage of RAM).
     #[arg(long)]
     max_pool: Option<String>,
@@ -95,10 +102,14 @@ pub fn run(args: RunArgs) -> Result<std::process::ExitCode, String> {
         ("FOLIOSWAP_COMPRESSOR", &args.compressor),
         ("FOLIOSWAP_SWAP_FILE", &args.swap_file),
         ("FOLIOSWAP_MAX_POOL", &args.max_pool),
+        ("FOLIOSWAP_REMOTE_TIER", &args.remote_tier),
     ] {
         if let Some(v) = value {
             vars.push((var, v.clone()));
         }
+    }
+    if args.encrypt {
+        vars.push(("FOLIOSWAP_ENCRYPT", "1".into()));
     }
     let threshold = parse_bytes(&args.threshold)
         .ok()

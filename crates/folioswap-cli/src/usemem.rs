@@ -106,6 +106,14 @@ pub struct UsememArgs {
     /// the pool alone (uncharged). `--max-pool 0` with a file turns the pool off.
     #[arg(long)]
     swap_file: Option<String>,
+    /// A Redis or Valkey cluster in the swap file's place: redis://HOST:PORT[,HOST:PORT…]
+    /// (or FOLIOSWAP_REMOTE_TIER). What the pool writes back or refuses goes there,
+    /// encrypted; a write waits for a replica where the masters have one.
+    #[arg(long)]
+    remote_tier: Option<String>,
+    /// Encrypt and authenticate every page written to the swap file (FOLIOSWAP_ENCRYPT).
+    #[arg(long)]
+    encrypt: bool,
     /// Percent of max_pool under which a full pool accepts folios again.
     #[arg(long)]
     accept_threshold: Option<String>,
@@ -232,6 +240,12 @@ fn build_config(args: &UsememArgs) -> folioswap::Result<Config> {
     }
     if let Some(f) = &args.swap_file {
         c = c.set("FOLIOSWAP_SWAP_FILE", f)?;
+    }
+    if let Some(r) = &args.remote_tier {
+        c = c.set("FOLIOSWAP_REMOTE_TIER", r)?;
+    }
+    if args.encrypt {
+        c = c.encrypt(true);
     }
     if let Some(t) = &args.accept_threshold {
         c = c.accept_threshold_percent(t)?;
@@ -569,7 +583,10 @@ pub(crate) fn run_engine(args: &UsememArgs) -> Result<Report, String> {
             charge_pool: config.charge_pool && stats.swap.is_some(),
             swap_file: stats.swap.as_ref().map(|sw| {
                 let at = format!("{}:{}", sw.path.as_deref().unwrap_or("?"), format_bytes(sw.size_bytes));
-                if sw.on_demand {
+                let at = if sw.io.encrypted { format!("{at} encrypted") } else { at };
+                if let Some(remote) = &sw.io.remote {
+                    format!("remote tier {}", remote.nodes)
+                } else if sw.on_demand {
                     format!("auto {at}")
                 } else {
                     at
@@ -639,7 +656,11 @@ fn print_table(r: &Report) {
         println!(
             "  swap file    {} {}: {} of {} slots used ({} bad), {} written ({}), {} read ({})",
             file,
-            if sw.direct_io { "O_DIRECT" } else { "buffered" },
+            match (&sw.io.remote, sw.direct_io) {
+                (Some(_), _) => "sealed",
+                (None, true) => "O_DIRECT",
+                (None, false) => "buffered",
+            },
             sw.slots_used,
             sw.slots_total,
             sw.slots_bad,
@@ -648,6 +669,25 @@ fn print_table(r: &Report) {
             mib(sw.io.bytes_read),
             lat(&sw.io.read_latency)
         );
+        if let Some(t) = &sw.io.remote {
+            println!(
+                "  remote       {} masters, WAIT {}: {} keys ({}) live, {} deleted; remote_swpout {} remote_swpin {} remote_errors {}",
+                t.masters,
+                t.wait_replicas,
+                t.keys,
+                mib(t.bytes),
+                t.keys_deleted,
+                t.remote_swpout,
+                t.remote_swpin,
+                t.remote_errors
+            );
+            for (size, l) in &t.fetch_latency {
+                println!(
+                    "  fetch {size:>5} n={} mean {:.1}us p50 {:.1}us p90 {:.1}us p99 {:.1}us max {:.1}us",
+                    l.count, l.mean_us, l.p50_us, l.p90_us, l.p99_us, l.max_us
+                );
+            }
+        }
         let v = &r.stats.vm;
         println!(
             "               zswpwb {} thp_swpout {} thp_swpout_fallback {} reject_compress_poor {} write_error {} read_error {}",

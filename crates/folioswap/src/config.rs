@@ -287,6 +287,22 @@ pub struct Config {
     /// Share `memory_high` with every process that names the same file here (as the
     /// processes of one cgroup share its memory.high); `folioswap run` sets it.
     pub shared_limit: Option<PathBuf>,
+    /// A Redis or Valkey cluster that takes the swap file's place behind the pool
+    /// (`remote.rs`): what the pool writes back or refuses goes there, encrypted.
+    #[serde(serialize_with = "serialize_option_display")]
+    pub remote_tier: Option<crate::remote::RemoteSpec>,
+    /// The most time one remote request may take, retries and a failover included,
+    /// before it fails (a fault then gets SIGBUS naming the tier and the key).
+    pub remote_timeout_ms: u64,
+    /// Encrypt and authenticate every page written to the swap file (`swapfile/sealed.rs`).
+    pub encrypt: bool,
+}
+
+fn serialize_option_display<T: fmt::Display, S: serde::Serializer>(v: &Option<T>, s: S) -> std::result::Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => s.collect_str(v),
+        None => s.serialize_none(),
+    }
 }
 
 fn serialize_display<T: fmt::Display, S: serde::Serializer>(v: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -318,6 +334,9 @@ impl Default for Config {
             ra_stride: false,
             ra_async: true,
             shared_limit: None,
+            remote_tier: None,
+            remote_timeout_ms: 5000,
+            encrypt: false,
         }
     }
 }
@@ -345,6 +364,9 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FOLIOSWAP_RA_STRIDE", "1/0, true/false, yes/no or on/off"),
     ("FOLIOSWAP_RA_ASYNC", "1/0, true/false, yes/no or on/off"),
     ("FOLIOSWAP_SHARED_LIMIT", "the path of a file through which processes share memory_high"),
+    ("FOLIOSWAP_REMOTE_TIER", crate::remote::RemoteSpec::ACCEPTED),
+    ("FOLIOSWAP_REMOTE_TIMEOUT_MS", "milliseconds from 100 to 600000"),
+    ("FOLIOSWAP_ENCRYPT", "1/0, true/false, yes/no or on/off"),
 ];
 
 /// Variables of libfolioswap.so (the preloaded library), not of the engine: `from_env`
@@ -430,6 +452,16 @@ impl Config {
             // Empty is no path: refused here rather than when the engine cannot open it.
             "FOLIOSWAP_SHARED_LIMIT" if value.is_empty() => return Err(Error::config(var, value, accepted(var))),
             "FOLIOSWAP_SHARED_LIMIT" => self.shared_limit(value),
+            "FOLIOSWAP_REMOTE_TIER" if value.trim() == "none" => Config { remote_tier: None, ..self },
+            "FOLIOSWAP_REMOTE_TIER" => {
+                let spec = value.parse().map_err(|e| Error::config(var, value, format!("{} ({e})", accepted(var))))?;
+                self.remote_tier(spec)
+            }
+            "FOLIOSWAP_REMOTE_TIMEOUT_MS" => match value.trim().parse::<u64>() {
+                Ok(ms) if (100..=600_000).contains(&ms) => self.remote_timeout_ms(ms),
+                _ => return Err(Error::config(var, value, accepted(var))),
+            },
+            "FOLIOSWAP_ENCRYPT" => self.encrypt(parse_bool(var, value)?),
             _ => {
                 let known: Vec<&str> = ENV_VARS.iter().map(|(n, _)| *n).collect();
                 return Err(Error::config(var, value, format!("a known variable: {}", known.join(", "))));
@@ -626,6 +658,18 @@ impl Config {
         self.shared_limit = Some(path.into());
         self
     }
+    pub fn remote_tier(mut self, spec: crate::remote::RemoteSpec) -> Config {
+        self.remote_tier = Some(spec);
+        self
+    }
+    pub fn remote_timeout_ms(mut self, ms: u64) -> Config {
+        self.remote_timeout_ms = ms;
+        self
+    }
+    pub fn encrypt(mut self, on: bool) -> Config {
+        self.encrypt = on;
+        self
+    }
     pub fn ra_async(mut self, on: bool) -> Config {
         self.ra_async = on;
         self
@@ -782,6 +826,9 @@ mod tests {
             "FOLIOSWAP_RA_STRIDE" => c.ra_stride.to_string(),
             "FOLIOSWAP_RA_ASYNC" => c.ra_async.to_string(),
             "FOLIOSWAP_SHARED_LIMIT" => c.shared_limit.as_deref().map(path).unwrap_or_default(),
+            "FOLIOSWAP_REMOTE_TIER" => c.remote_tier.as_ref().map(|r| r.to_string()).unwrap_or_else(|| "none".into()),
+            "FOLIOSWAP_REMOTE_TIMEOUT_MS" => c.remote_timeout_ms.to_string(),
+            "FOLIOSWAP_ENCRYPT" => c.encrypt.to_string(),
             _ => panic!("value_text does not know {var}: add the new knob here"),
         }
     }

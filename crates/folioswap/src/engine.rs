@@ -16,11 +16,13 @@ use crate::mm::{Mm, ReclaimHooks};
 use crate::own_zaps::OwnZaps;
 use crate::ra_cache::Readahead;
 use crate::reclaim_ctl::ReclaimCtl;
+use crate::remote::RemoteTier;
 use crate::size::format_bytes;
 use crate::size::{physical_memory, FolioSize};
 use crate::staging::Staging;
 use crate::stats::{Counters, LatencyHistogram, MemoryStat, Stats};
 use crate::swapfile::io::{on_demand_dir, SwapFile, SwapIo};
+use crate::swapfile::sealed::SealedIo;
 use crate::swapfile::SwapDevice;
 use crate::tier::Tiers;
 use crate::uffd::{self, InstallMode, OpenError, Uffd};
@@ -72,6 +74,18 @@ enum SwapTier {
     Configured(Box<dyn SwapIo>),
     /// Made by the engine: no swap file was configured (`Config::auto_swap_file`).
     OnDemand(Box<dyn SwapIo>),
+}
+
+impl SwapTier {
+    /// The same file, every page encrypted and authenticated (`encrypt`).
+    fn sealed(self) -> Result<SwapTier> {
+        let seal =
+            |io| SealedIo::new(io).map(|s| Box::new(s) as Box<dyn SwapIo>).map_err(|e| Error::sys("no key to encrypt the swap file", e));
+        Ok(match self {
+            SwapTier::Configured(io) => SwapTier::Configured(seal(io)?),
+            SwapTier::OnDemand(io) => SwapTier::OnDemand(seal(io)?),
+        })
+    }
 }
 
 /// A sparse swap file in the first disk-backed temporary directory, as large as twice
@@ -189,10 +203,30 @@ impl Engine {
     /// one made on demand: `Config::auto_swap_file`), and starts its reclaim threads (and
     /// fault threads in thread mode).
     pub fn new(config: Config) -> Result<Engine> {
+        if let Some(remote) = &config.remote_tier {
+            if let Some(file) = &config.swap_file {
+                return Err(Error::config(
+                    "FOLIOSWAP_REMOTE_TIER",
+                    remote.to_string(),
+                    format!(
+                        "no swap file beside it: the remote tier takes the swap file's place, and {} is configured too \
+                         (set FOLIOSWAP_SWAP_FILE=auto or none)",
+                        file.path.display()
+                    ),
+                ));
+            }
+            let timeout = std::time::Duration::from_millis(config.remote_timeout_ms);
+            let io = RemoteTier::connect(remote, timeout).map_err(|e| Error::RemoteTier(e.to_string()))?;
+            return Self::start(config, Some(SwapTier::Configured(Box::new(io))));
+        }
         let tier = match &config.swap_file {
             Some(spec) => Some(SwapTier::Configured(Box::new(SwapFile::create(&spec.path, spec.size).map_err(Error::SwapFile)?))),
             None if config.auto_swap_file && config.memory_high.is_some() => swap_file_on_demand().map(SwapTier::OnDemand),
             None => None,
+        };
+        let tier = match tier {
+            Some(tier) if config.encrypt => Some(tier.sealed()?),
+            tier => tier,
         };
         Self::start(config, tier)
     }

@@ -21,6 +21,8 @@ pub enum Error {
     Sys { what: String, source: io::Error },
     /// The configured swap file could not be set up.
     SwapFile(crate::swapfile::io::SwapFileError),
+    /// The remote tier could not start: no node answered, or the cluster is not usable.
+    RemoteTier(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -75,6 +77,9 @@ impl fmt::Display for Error {
             Error::InvalidRegion(reason) => f.write_str(reason),
             Error::Sys { what, source } => write!(f, "{what}: {source}"),
             Error::SwapFile(err) => write!(f, "swap file: {err}"),
+            Error::RemoteTier(why) => {
+                write!(f, "{why} (check that the nodes run in cluster mode and are reachable, or set FOLIOSWAP_REMOTE_TIER=none)")
+            }
         }
     }
 }

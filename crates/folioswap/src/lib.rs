@@ -50,6 +50,8 @@ mod own_zaps;
 mod ra_cache;
 mod ra_window;
 mod reclaim_ctl;
+pub mod remote;
+mod seal;
 mod staging;
 pub mod swapfile;
 mod table;

@@ -456,6 +456,12 @@ impl Tiers {
             }
             return;
         }
+        if dev.io.is_remote() {
+            // Nothing is wrong with the slot (a name); the error names the tier and key.
+            dev.free(slot, order);
+            eprintln!("folioswap: {err}; the folio stays in memory");
+            return;
+        }
         dev.mark_bad(slot, order);
         eprintln!(
             "folioswap: writing {} KiB to swap slot {slot} failed: {err}; the slots are marked bad and the folio stays in memory",

@@ -203,6 +203,15 @@ pub trait SwapIo: Send + Sync {
     fn disk_bytes(&self) -> Option<u64> {
         None
     }
+    /// The data at the `pages` slots from `slot` is dead (its folio was loaded back,
+    /// discarded or unmapped): a backend that holds copies elsewhere lets them go. A file
+    /// needs nothing: the slots are simply written again.
+    fn discard(&self, _slot: u64, _pages: u64) {}
+    /// Whether the slots are not a medium of their own but names (the remote tier's): a
+    /// failed write says nothing about the slot, which is freed rather than marked bad.
+    fn is_remote(&self) -> bool {
+        false
+    }
 }
 
 /// The CRC-32C (Castagnoli) of a folio, as stored beside its slot and checked on swap-in.
@@ -225,6 +234,10 @@ pub struct SwapIoStats {
     /// the first.
     pub read_latency: Option<Latency>,
     pub write_latency: Option<Latency>,
+    /// Pages are sealed (`encrypt`, and always on the remote tier).
+    pub encrypted: bool,
+    /// The remote tier's own state, when the backend is one (`remote.rs`).
+    pub remote: Option<crate::remote::RemoteStat>,
 }
 
 #[derive(Default)]
@@ -340,6 +353,7 @@ impl SwapFile {
             errors: c.errors.load(Ordering::Relaxed),
             read_latency: c.read_ns.summary(),
             write_latency: c.write_ns.summary(),
+            ..SwapIoStats::default()
         }
     }
 

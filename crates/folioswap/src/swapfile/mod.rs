@@ -7,9 +7,14 @@
 //! - `io`: the file itself: creation (unlinked, mode 0600), O_DIRECT where the filesystem
 //!   allows it, whole-folio reads and writes, checksums, and a fault-injecting
 //!   wrapper for the tests.
+//! - `sealed`: the file encrypted and authenticated page by page (`encrypt`).
+//!
+//! The same allocator also fronts the remote tier (`remote.rs`), whose backend takes the
+//! file's place behind [`io::SwapIo`].
 
 pub mod cluster;
 pub mod io;
+pub mod sealed;
 
 use crate::stats::SwapStat;
 use cluster::{SlotCache, SwapMap};
@@ -17,6 +22,23 @@ use io::SwapIo;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// A table of `n` zeroed counters that costs no memory until written: the zeroed
+/// allocation comes from the kernel's zero pages.
+pub(crate) fn zeroed_u32s(n: usize) -> Box<[AtomicU32]> {
+    let zeros = vec![0u32; n].into_boxed_slice();
+    // SAFETY: AtomicU32 has the size, alignment and bit validity of u32, so a boxed
+    // slice of one is a boxed slice of the other, freed with the same layout.
+    unsafe { std::mem::transmute::<Box<[u32]>, Box<[AtomicU32]>>(zeros) }
+}
+
+/// As [`zeroed_u32s`], of 64-bit counters.
+pub(crate) fn zeroed_u64s(n: usize) -> Box<[AtomicU64]> {
+    let zeros = vec![0u64; n].into_boxed_slice();
+    // SAFETY: AtomicU64 has the size, alignment and bit validity of u64 (on every target
+    // with 64-bit atomics, which `AtomicU64` itself requires).
+    unsafe { std::mem::transmute::<Box<[u64]>, Box<[AtomicU64]>>(zeros) }
+}
 
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -74,11 +96,7 @@ impl SwapDevice {
         // larger backend is used up to 2^32 slots (16 TiB).
         let slots = io.slots().min(1 << 32);
         let map = Arc::new(SwapMap::new(slots));
-        // Zeroed allocation: the kernel maps its pages in only when a sum is written.
-        let sums = vec![0u32; slots as usize].into_boxed_slice();
-        // SAFETY: AtomicU32 has the size, alignment and bit validity of u32, so a boxed
-        // slice of one is a boxed slice of the other, freed with the same layout.
-        let page_sums = unsafe { std::mem::transmute::<Box<[u32]>, Box<[AtomicU32]>>(sums) };
+        let page_sums = zeroed_u32s(slots as usize);
         SwapDevice {
             id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
             map,
@@ -151,6 +169,7 @@ impl SwapDevice {
 
     /// Return a run; order-0 slots go to the thread's cache, which gives them back in batches.
     pub fn free(&self, slot: u64, order: u32) {
+        self.io.discard(slot, 1 << order);
         if order == 0 && self.cache_batch > 0 {
             return self.with_cache(|cache| cache.free(slot));
         }
