@@ -40,6 +40,20 @@ pub struct StatArgs {
 /// Counters shown per second, in the units of their names (4 KiB pages, faults).
 const RATES: &[&str] = &["pgfault", "pgmajfault", "zswpin", "zswpout", "pswpin", "pswpout", "zswpwb", "swap_ra_hit", "oom_kill"];
 
+/// The remote tier's counters (`stats.swap.io.remote`), shown like `RATES` where a
+/// process has one.
+const REMOTE_RATES: &[&str] = &["remote_swpin", "remote_swpout", "remote_errors"];
+
+/// The remote tier's state in one process.
+#[derive(Serialize, Clone)]
+struct RemoteState {
+    nodes: String,
+    keys: u64,
+    bytes: u64,
+    /// Why it takes no writes now, if it does not.
+    down: Option<String>,
+}
+
 /// One process's answer.
 struct Sample {
     run: u32,
@@ -50,6 +64,7 @@ struct Sample {
     charged_bytes: u64,
     anon_huge_bytes: u64,
     latency: LatencyHistogram,
+    remote: Option<RemoteState>,
 }
 
 /// The sockets of the processes listening now: (run, pid).
@@ -62,7 +77,7 @@ fn listening(only_run: Option<u32>) -> Result<BTreeSet<(u32, u32)>, String> {
         let Some(rest) = name.strip_prefix(&prefix) else { continue };
         let Some((run, pid)) = rest.split_once('/') else { continue };
         if let (Ok(run), Ok(pid)) = (run.parse::<u32>(), pid.parse::<u32>()) {
-            if only_run.map_or(true, |r| r == run) {
+            if only_run.is_none_or(|r| r == run) {
                 found.insert((run, pid));
             }
         }
@@ -82,10 +97,21 @@ fn ask(run: u32, pid: u32) -> Option<Sample> {
     let stats = &v["stats"];
     let memory = &stats["memory"];
     let num = |x: &Value| x.as_u64().unwrap_or(0);
+    let remote = &stats["swap"]["io"]["remote"];
+    let mut counters: BTreeMap<&'static str, u64> = RATES.iter().map(|&name| (name, num(&stats[name]))).collect();
+    if remote.is_object() {
+        counters.extend(REMOTE_RATES.iter().map(|&name| (name, num(&remote[name]))));
+    }
     Some(Sample {
         run,
         command: v["command"].as_str().unwrap_or("").to_string(),
-        counters: RATES.iter().map(|&name| (name, num(&stats[name]))).collect(),
+        counters,
+        remote: remote.is_object().then(|| RemoteState {
+            nodes: remote["nodes"].as_str().unwrap_or("").to_string(),
+            keys: num(&remote["keys"]),
+            bytes: num(&remote["bytes"]),
+            down: remote["down"].as_str().map(str::to_string),
+        }),
         resident_bytes: num(&memory["resident_bytes"]),
         pool_total_bytes: num(&memory["pool_total_bytes"]),
         charged_bytes: num(&memory["charged_bytes"]),
@@ -114,6 +140,9 @@ struct Line {
     thp_pct: f64,
     /// Of the faults served in the interval (`null`: none).
     fault_latency: Option<folioswap::Latency>,
+    /// The remote tiers of the processes that have one, as they are now.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    remote: Vec<RemoteState>,
 }
 
 impl Line {
@@ -133,6 +162,7 @@ impl Line {
             line.pool_total_bytes += s.pool_total_bytes;
             line.charged_bytes += s.charged_bytes;
             line.anon_huge_bytes += s.anon_huge_bytes;
+            line.remote.extend(s.remote.clone());
             latency.merge(&match prev {
                 Some(p) => s.latency.since(&p.latency),
                 None => s.latency.clone(),
@@ -200,6 +230,26 @@ fn table_line(runs: usize, l: &Line) -> String {
     )
 }
 
+/// The remote tiers under a table line: what went there and came back per second, what
+/// they hold, and whether they take writes.
+fn remote_line(l: &Line) -> String {
+    let r = |name| rate(l.per_s.get(name).copied().unwrap_or(0.0));
+    let mut nodes: Vec<&str> = l.remote.iter().map(|t| t.nodes.as_str()).collect();
+    nodes.dedup();
+    let keys: u64 = l.remote.iter().map(|t| t.keys).sum();
+    let bytes: u64 = l.remote.iter().map(|t| t.bytes).sum();
+    let down: Vec<&str> = l.remote.iter().filter_map(|t| t.down.as_deref()).collect();
+    format!(
+        "         remote {}: remote_swpin/s {} remote_swpout/s {} remote_errors {} keys {keys} ({}){}",
+        nodes.join(" "),
+        r("remote_swpin"),
+        r("remote_swpout"),
+        l.total.get("remote_errors").copied().unwrap_or(0),
+        format_bytes(bytes),
+        if down.is_empty() { String::new() } else { format!("; takes no writes: {}", down[0]) }
+    )
+}
+
 pub fn run(args: StatArgs) -> Result<bool, String> {
     if !(args.interval.is_finite() && args.interval >= 0.05) {
         return Err(format!("--interval {} is not valid: expected seconds, at least 0.05", args.interval));
@@ -248,10 +298,13 @@ pub fn run(args: StatArgs) -> Result<bool, String> {
             let line = JsonLine { time, interval_s: seconds, runs: runs.len(), total, per_run };
             println!("{}", serde_json::to_string(&line).expect("json"));
         } else {
-            if printed % 20 == 0 {
+            if printed.is_multiple_of(20) {
                 println!("{HEADER}");
             }
             println!("{}", table_line(runs.len(), &total));
+            if !total.remote.is_empty() {
+                println!("{}", remote_line(&total));
+            }
         }
         printed += 1;
         before = now;

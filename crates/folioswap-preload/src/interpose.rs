@@ -49,7 +49,7 @@ fn managed(size: usize, align: usize, origin: Origin) -> Option<*mut c_void> {
 
 /// Whether `p` might be a managed block (cheap test before taking the lock).
 fn maybe_block(p: *mut c_void) -> bool {
-    BLOCKS.load(Ordering::Relaxed) > 0 && (p as usize) % PAGE == 0 && !p.is_null()
+    BLOCKS.load(Ordering::Relaxed) > 0 && (p as usize).is_multiple_of(PAGE) && !p.is_null()
 }
 
 /// The usable size of the managed block at `p`, if it is one.
@@ -128,7 +128,7 @@ fn aligned(align: usize, size: usize) -> *mut c_void {
 /// `out` must be writable, as for posix_memalign(3).
 #[no_mangle]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
-    if !align.is_power_of_two() || align % std::mem::size_of::<usize>() != 0 {
+    if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<usize>()) {
         return libc::EINVAL;
     }
     let p = aligned(align, size);

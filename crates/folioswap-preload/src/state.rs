@@ -241,4 +241,8 @@ extern "C" fn at_exit() {
             eprintln!("folioswap: cannot write {}: {e}", path.display());
         }
     }
+    // Last: the remote tier's keys, which would otherwise wait for their lease to expire.
+    if let Some(engine) = state.engine.as_ref() {
+        engine.close_tiers();
+    }
 }

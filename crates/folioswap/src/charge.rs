@@ -31,6 +31,8 @@ pub(crate) enum OomReason {
     PoolFull { pool: u64, max_pool: u64 },
     /// Every resident folio is held by a fault in progress.
     AllInUse,
+    /// The tier behind the pool takes no writes now (the remote tier's cluster is down).
+    TierDown(String),
 }
 
 impl fmt::Display for Oom {
@@ -56,6 +58,7 @@ impl fmt::Display for Oom {
             OomReason::AllInUse => {
                 write!(f, "every resident folio is in use by a fault in progress; raise memory_high or use a smaller folio size")
             }
+            OomReason::TierDown(why) => write!(f, "nothing can leave memory: {why}"),
         }
     }
 }
@@ -172,7 +175,9 @@ fn oom(mm: &Mm) -> Oom {
         format_bytes(fp),
         if mm.memcg.charge_pool { " (charged)" } else { "" }
     );
-    let why = if let Some(dev) = mm.tiers.file.as_ref().filter(|dev| !dev.has_free_slots()) {
+    let why = if let Some(down) = mm.tiers.file.as_ref().and_then(|dev| dev.io.down()) {
+        OomReason::TierDown(down)
+    } else if let Some(dev) = mm.tiers.file.as_ref().filter(|dev| !dev.has_free_slots()) {
         let stat = dev.stat();
         OomReason::SwapFileFull {
             slots_used: stat.slots_used,

@@ -386,6 +386,15 @@ impl Engine {
         Quiesced { engine: self }
     }
 
+    /// At process exit, when the engine will not be dropped (a preloaded library's):
+    /// let go of what the tiers keep outside the process, the remote tier's keys.
+    /// Swapped-out memory on that tier cannot be read back afterwards.
+    pub fn close_tiers(&self) {
+        if let Some(dev) = &self.mm.tiers.file {
+            dev.io.close();
+        }
+    }
+
     /// Give this process's share of a shared limit (`shared_limit`) back, for good: at
     /// exit, so that the processes still running need not wait for it to be noticed dead.
     pub fn leave_shared_limit(&self) {

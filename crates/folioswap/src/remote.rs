@@ -131,6 +131,8 @@ pub struct RemoteStat {
     pub remote_unreplicated: u64,
     pub timeout_ms: u64,
     pub lease_ms: u64,
+    /// Why the tier takes no writes now (a write failed and the cluster is not ok yet).
+    pub down: Option<String>,
     /// Latency of one fetch, by the size fetched ("4K", "64K", "2M", …).
     pub fetch_latency: Vec<(String, Latency)>,
     pub write_latency: Option<Latency>,
@@ -172,6 +174,10 @@ struct Shared {
     deleted: AtomicU64,
     /// Writes stored on a master that had no replica left to wait for.
     unreplicated: AtomicU64,
+    /// A write failed after its retries: the tier takes no writes (no slot is handed out)
+    /// until the lease thread finds the cluster ok again. Holds the failure's message.
+    down: Mutex<Option<String>>,
+    is_down: AtomicBool,
     bytes: AtomicU64,
     /// Fetch latency by log2 of the pages fetched (4K … 2M).
     fetch_ns: [Histogram; 10],
@@ -208,7 +214,7 @@ impl RemoteTier {
             .map_err(|e| fail(format!("{e}")))?;
         let mut conn = client.get_connection().map_err(|e| fail(format!("no node answered within {} ms: {e}", per_try.as_millis())))?;
         let nodes: String = conn
-            .route_command(&redis::cmd("CLUSTER").arg("NODES"), RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
+            .route_command(redis::cmd("CLUSTER").arg("NODES"), RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
             .and_then(|v| redis::from_redis_value(v).map_err(Into::into))
             .map_err(|e| fail(format!("CLUSTER NODES failed: {e}")))?;
         let (masters, wait_replicas) = cluster_shape(&nodes);
@@ -240,6 +246,8 @@ impl RemoteTier {
             errors: AtomicU64::new(0),
             deleted: AtomicU64::new(0),
             unreplicated: AtomicU64::new(0),
+            down: Mutex::new(None),
+            is_down: AtomicBool::new(false),
             bytes: AtomicU64::new(0),
             fetch_ns: Default::default(),
             write_ns: Histogram::default(),
@@ -309,6 +317,9 @@ impl Shared {
     /// Store one run: sealed pages under a new key, acknowledged by a replica if the
     /// cluster has them.
     fn write_runs(&self, ios: &[(u64, &[u8])]) -> io::Result<()> {
+        if self.stop.load(Ordering::Acquire) {
+            return Err(io::Error::other(format!("the remote tier {}: the engine has closed it", self.spec)));
+        }
         let start = Instant::now();
         let mut values = Vec::with_capacity(ios.len());
         for &(first, data) in ios {
@@ -324,7 +335,7 @@ impl Shared {
         }
         let lease_ms = LEASE.as_millis() as u64;
         let what = || format!("storing {} run(s) from key {}", values.len(), values[0].2);
-        self.with_conn(&what, |conn| {
+        let stored = self.with_conn(&what, |conn| {
             let mut pipe = redis::cluster::cluster_pipe();
             for (_, _, key, value) in &values {
                 pipe.cmd("SET").arg(key).arg(&value[..]).arg("PX").arg(lease_ms).ignore();
@@ -367,7 +378,11 @@ impl Shared {
                 }
             }
             Ok(())
-        })?;
+        });
+        if let Err(e) = stored {
+            self.set_down(&e);
+            return Err(e);
+        }
         let mut keys = self.keys.lock().unwrap();
         for ((first, write, _, value), &(_, data)) in values.iter().zip(ios) {
             let pages = (data.len() / PAGE_SIZE) as u64;
@@ -387,6 +402,9 @@ impl Shared {
 
     /// Read the pages of the slots from `slot` into `dst`, a GETRANGE per run they lie in.
     fn read_pages(&self, slot: u64, dst: &mut [u8]) -> io::Result<()> {
+        if self.stop.load(Ordering::Acquire) {
+            return Err(io::Error::other(format!("the remote tier {}: the engine has closed it (its keys are deleted)", self.spec)));
+        }
         let start = Instant::now();
         let pages = dst.len() / PAGE_SIZE;
         let mut done = 0;
@@ -462,6 +480,28 @@ impl Shared {
         }
     }
 
+    fn set_down(&self, err: &io::Error) {
+        let mut down = self.down.lock().unwrap();
+        if down.is_none() {
+            eprintln!("folioswap: {err}; the remote tier takes no writes until its cluster is ok again");
+        }
+        *down = Some(err.to_string());
+        self.is_down.store(true, Ordering::Release);
+    }
+
+    /// While down: whether the cluster is ok again (CLUSTER INFO of a node says so).
+    fn check_up(&self) {
+        let ok = self.client.get_connection().and_then(|mut c| {
+            let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut c)?;
+            Ok(info.contains("cluster_state:ok"))
+        });
+        if matches!(ok, Ok(true)) {
+            *self.down.lock().unwrap() = None;
+            self.is_down.store(false, Ordering::Release);
+            eprintln!("folioswap: the remote tier {} is ok again and takes writes", self.spec);
+        }
+    }
+
     /// Delete `keys` (pipelined); they are counted whether or not each still existed.
     fn delete(&self, keys: &[String]) {
         for chunk in keys.chunks(512) {
@@ -497,6 +537,9 @@ impl Shared {
             }
             if self.stop.load(Ordering::Acquire) {
                 return;
+            }
+            if self.is_down.load(Ordering::Acquire) {
+                self.check_up();
             }
             if renewed.elapsed() >= LEASE / 3 {
                 renewed = Instant::now();
@@ -542,6 +585,16 @@ impl SwapIo for RemoteTier {
     fn is_remote(&self) -> bool {
         true
     }
+    fn close(&self) {
+        self.close_once()
+    }
+    fn down(&self) -> Option<String> {
+        if !self.shared.is_down.load(Ordering::Acquire) {
+            return None;
+        }
+        let why = self.shared.down.lock().unwrap().clone();
+        why.map(|w| format!("{w} (the remote tier takes no writes until its cluster is ok again)"))
+    }
     fn stats(&self) -> SwapIoStats {
         let s = &self.shared;
         let swpout = s.swpout.load(Ordering::Relaxed);
@@ -574,6 +627,7 @@ impl SwapIo for RemoteTier {
                 keys_deleted: s.deleted.load(Ordering::Relaxed),
                 remote_unreplicated: s.unreplicated.load(Ordering::Relaxed),
                 timeout_ms: s.timeout.as_millis() as u64,
+                down: self.down(),
                 lease_ms: LEASE.as_millis() as u64,
                 fetch_latency,
                 write_latency: s.write_ns.summary(),
@@ -582,20 +636,29 @@ impl SwapIo for RemoteTier {
     }
 }
 
-impl Drop for RemoteTier {
-    /// Stop renewing, and delete every key this engine still has on the cluster.
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        self.shared.wake.notify_all();
-        if let Some(t) = self.lease_thread.take() {
-            let _ = t.join();
-        }
+impl RemoteTier {
+    /// Stop renewing leases and delete every key this engine still has on the cluster;
+    /// reads fail from then on. Once; dropping the tier does it too.
+    fn close_once(&self) {
         let s = &self.shared;
+        if s.stop.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        s.wake.notify_all();
         let mut keys = s.keys.lock().unwrap();
         let mut all = std::mem::take(&mut keys.doomed);
         all.extend(keys.live.drain().map(|(first, (write, _))| s.key(first as u64, write)));
         drop(keys);
         s.delete(&all);
+    }
+}
+
+impl Drop for RemoteTier {
+    fn drop(&mut self) {
+        self.close_once();
+        if let Some(t) = self.lease_thread.take() {
+            let _ = t.join();
+        }
     }
 }
 

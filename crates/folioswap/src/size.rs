@@ -72,7 +72,7 @@ pub fn parse_bytes(input: &str) -> Result<u64, SizeError> {
 pub fn format_bytes(bytes: u64) -> String {
     const UNITS: [(u32, &str); 4] = [(40, "T"), (30, "G"), (20, "M"), (10, "K")];
     for (shift, suffix) in UNITS {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
             return format!("{}{}", bytes >> shift, suffix);
         }
     }

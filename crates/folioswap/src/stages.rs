@@ -146,7 +146,7 @@ pub(crate) fn begin() -> Outer {
         c.set(n);
         n
     });
-    Outer(CLOCK.with(|c| c.replace(if n % SAMPLE == 0 { Some(Instant::now()) } else { None })))
+    Outer(CLOCK.with(|c| c.replace(if n.is_multiple_of(SAMPLE) { Some(Instant::now()) } else { None })))
 }
 
 /// The stage that just ended, if this operation is timed.

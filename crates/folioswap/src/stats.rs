@@ -523,7 +523,7 @@ mod tests {
     #[test]
     fn an_intervals_faults_are_the_difference_of_two_snapshots() {
         let before = histogram_of(1..=100);
-        let after = histogram_of((1..=100).chain(std::iter::repeat(1000).take(50)));
+        let after = histogram_of((1..=100).chain(std::iter::repeat_n(1000, 50)));
         let interval = after.since(&before);
         assert_eq!(interval.count(), 50);
         let l = interval.summary().unwrap();
@@ -535,8 +535,8 @@ mod tests {
 
     #[test]
     fn merged_histograms_count_both_processes_faults() {
-        let mut a = histogram_of(std::iter::repeat(10).take(90));
-        let b = histogram_of(std::iter::repeat(500).take(10));
+        let mut a = histogram_of(std::iter::repeat_n(10, 90));
+        let b = histogram_of(std::iter::repeat_n(500, 10));
         a.merge(&b);
         let l = a.summary().unwrap();
         assert_eq!(l.count, 100);

@@ -40,7 +40,7 @@ fn value(r: usize, f: usize, k: usize, version: u32) -> u64 {
         return 0;
     }
     // Half the words repeat, so folios compress like ordinary data.
-    let k = if k % 2 == 0 { 0 } else { k };
+    let k = if k.is_multiple_of(2) { 0 } else { k };
     ((r as u64) << 60) ^ ((f as u64) << 32) ^ ((k as u64) << 16) ^ version as u64
 }
 

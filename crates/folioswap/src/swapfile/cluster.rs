@@ -116,7 +116,7 @@ const PICK_SCAN: usize = 8;
 /// Sub-lists per `SwapMap` list (a cluster goes on sub-list `cluster % LIST_SHARDS`).
 const LIST_SHARDS: usize = 8;
 
-const _: () = assert!(SPC == 1 << MAX_ORDER && SPC % 64 == 0);
+const _: () = assert!(SPC == 1 << MAX_ORDER && SPC.is_multiple_of(64));
 
 /// Bit i set when i is a multiple of 2^order (order < 6): where aligned runs may start in a word.
 const fn aligned_starts(order: u32) -> u64 {
@@ -331,9 +331,9 @@ fn locate(first: u64, order: u32, total_slots: u64, action: &str) -> (usize, u32
     check_order(order);
     let len = 1u64 << order;
     assert!(
-        first % len == 0 && first + len <= total_slots,
+        first.is_multiple_of(len) && first + len <= total_slots,
         "swap slot allocator: {action} of the {len}-slot run at slot {first}: {}",
-        if first % len != 0 { "not aligned to its size" } else { "past the end of the map" },
+        if !first.is_multiple_of(len) { "not aligned to its size" } else { "past the end of the map" },
     );
     ((first / SLOTS_PER_CLUSTER) as usize, (first % SLOTS_PER_CLUSTER) as u32)
 }
@@ -1588,7 +1588,7 @@ mod tests {
                     start.wait();
                     for _ in 0..OPS {
                         let r = next_random(&mut rng);
-                        if held.len() < 24 && r % 3 != 0 {
+                        if held.len() < 24 && !r.is_multiple_of(3) {
                             let order = ORDERS[(r >> 8) as usize % ORDERS.len()];
                             match cache.alloc_run(order) {
                                 Some(first) => {

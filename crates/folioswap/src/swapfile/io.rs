@@ -212,6 +212,15 @@ pub trait SwapIo: Send + Sync {
     fn is_remote(&self) -> bool {
         false
     }
+    /// Why the backend takes no writes now, if it does not (the remote tier while its
+    /// cluster fails writes): no slot is handed out meanwhile, so reclaim does not wait
+    /// on writes that cannot succeed.
+    fn down(&self) -> Option<String> {
+        None
+    }
+    /// The process is exiting without dropping the engine: let go now of what lives
+    /// outside the process (the remote tier's keys). Reads fail from then on.
+    fn close(&self) {}
 }
 
 /// The CRC-32C (Castagnoli) of a folio, as stored beside its slot and checked on swap-in.
@@ -403,11 +412,11 @@ impl SwapFile {
     /// Byte offset of `slot` after checking that `len` bytes there are whole slots inside
     /// the file.
     fn offset(&self, slot: u64, len: usize) -> io::Result<u64> {
-        if len == 0 || len as u64 % SLOT_SIZE != 0 {
+        if len == 0 || !(len as u64).is_multiple_of(SLOT_SIZE) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("swap I/O of {len} bytes: folios are whole 4 KiB slots")));
         }
         let end = slot.checked_add(len as u64 / SLOT_SIZE);
-        if end.map_or(true, |end| end > self.slots) {
+        if end.is_none_or(|end| end > self.slots) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("swap I/O of {len} bytes at slot {slot} goes past the end of the swap file ({} slots)", self.slots),
@@ -417,7 +426,7 @@ impl SwapFile {
     }
 
     fn needs_bounce(&self, buf: &[u8]) -> bool {
-        self.direct && buf.as_ptr() as usize % DIO_ALIGN != 0
+        self.direct && !(buf.as_ptr() as usize).is_multiple_of(DIO_ALIGN)
     }
 
     /// One folio out, bounced if direct I/O cannot take the buffer as it is.

@@ -158,7 +158,7 @@ impl SwapDevice {
 
     /// An aligned run of `1 << order` free slots; order-0 slots come from the thread's cache.
     pub fn alloc(&self, order: u32) -> Option<u64> {
-        if self.disk_full.load(Ordering::Relaxed) {
+        if self.disk_full.load(Ordering::Relaxed) || self.io.down().is_some() {
             return None;
         }
         if order == 0 && self.cache_batch > 0 {
@@ -182,7 +182,7 @@ impl SwapDevice {
     }
 
     pub fn has_free_slots(&self) -> bool {
-        !self.disk_full.load(Ordering::Relaxed) && self.map.free_slots() > 0
+        !self.disk_full.load(Ordering::Relaxed) && self.io.down().is_none() && self.map.free_slots() > 0
     }
 
     pub fn stat(&self) -> SwapStat {
