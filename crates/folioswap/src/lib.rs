@@ -89,7 +89,7 @@ pub use size::{format_bytes, parse_bytes, physical_memory, FolioSize, PoolLimit,
 pub use smaps::{anon_huge_bytes, anon_huge_bytes_of, smaps_of, SmapsSums};
 pub use stages::{StageMean, StageStat};
 pub use stats::{
-    Latency, LatencyHistogram, MemoryStat, RegionReadahead, SizeStat, Stats, SwapIoStats, SwapStat, VmStat, STAT_SOCKET_PREFIX,
+    Latency, LatencyHistogram, MemoryStat, RegionReadahead, RemoteStat, SizeStat, Stats, SwapIoStats, SwapStat, VmStat, STAT_SOCKET_PREFIX,
 };
 pub use sys::map_aligned;
 pub use uffd::{InstallMode, UffdMode};

@@ -33,7 +33,7 @@
 
 use crate::seal::{Sealer, TAG_LEN};
 use crate::size::PAGE_SIZE;
-use crate::stats::{Histogram, Latency};
+use crate::stats::{Histogram, RemoteStat};
 use crate::swapfile::io::{SwapIo, SwapIoStats};
 use crate::swapfile::{zeroed_u32s, zeroed_u64s};
 use redis::cluster::{ClusterClient, ClusterConnection};
@@ -105,37 +105,6 @@ impl std::str::FromStr for RemoteSpec {
         }
         Ok(RemoteSpec { nodes })
     }
-}
-
-/// The tier's state, for `Engine::stats()` and `folioswap stat`.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct RemoteStat {
-    pub nodes: String,
-    /// Masters of the cluster when the engine connected.
-    pub masters: usize,
-    /// Replicas a write waits for (WAIT): 1 where every master has one, else 0.
-    pub wait_replicas: u32,
-    /// The keys' common prefix (this engine's).
-    pub key_prefix: String,
-    /// Runs (keys) stored now, and their value bytes.
-    pub keys: u64,
-    pub bytes: u64,
-    /// Pages written to and read from the cluster.
-    pub remote_swpout: u64,
-    pub remote_swpin: u64,
-    /// Requests that failed for good (after the client's retries and the timeout).
-    pub remote_errors: u64,
-    /// Keys deleted (freed runs, and at exit).
-    pub keys_deleted: u64,
-    /// Writes stored without a replica: their master had none left (after a failover).
-    pub remote_unreplicated: u64,
-    pub timeout_ms: u64,
-    pub lease_ms: u64,
-    /// Why the tier takes no writes now (a write failed and the cluster is not ok yet).
-    pub down: Option<String>,
-    /// Latency of one fetch, by the size fetched ("4K", "64K", "2M", …).
-    pub fetch_latency: Vec<(String, Latency)>,
-    pub write_latency: Option<Latency>,
 }
 
 /// Why the tier cannot start.

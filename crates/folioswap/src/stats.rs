@@ -420,6 +420,37 @@ pub struct SwapStat {
     pub io: SwapIoStats,
 }
 
+/// The remote tier's state (`remote.rs`), for `Engine::stats()` and `folioswap stat`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RemoteStat {
+    pub nodes: String,
+    /// Masters of the cluster when the engine connected.
+    pub masters: usize,
+    /// Replicas a write waits for (WAIT): 1 where every master has one, else 0.
+    pub wait_replicas: u32,
+    /// The keys' common prefix (this engine's).
+    pub key_prefix: String,
+    /// Runs (keys) stored now, and their value bytes.
+    pub keys: u64,
+    pub bytes: u64,
+    /// Pages written to and read from the cluster.
+    pub remote_swpout: u64,
+    pub remote_swpin: u64,
+    /// Requests that failed for good (after the client's retries and the timeout).
+    pub remote_errors: u64,
+    /// Keys deleted (freed runs, and at exit).
+    pub keys_deleted: u64,
+    /// Writes stored without a replica: their master had none left (after a failover).
+    pub remote_unreplicated: u64,
+    pub timeout_ms: u64,
+    pub lease_ms: u64,
+    /// Why the tier takes no writes now (a write failed and the cluster is not ok yet).
+    pub down: Option<String>,
+    /// Latency of one fetch, by the size fetched ("4K", "64K", "2M", …).
+    pub fetch_latency: Vec<(String, Latency)>,
+    pub write_latency: Option<Latency>,
+}
+
 /// A snapshot of everything `Engine::stats()` reports.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Stats {

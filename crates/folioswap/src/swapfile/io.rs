@@ -246,7 +246,7 @@ pub struct SwapIoStats {
     /// Pages are sealed (`encrypt`, and always on the remote tier).
     pub encrypted: bool,
     /// The remote tier's own state, when the backend is one (`remote.rs`).
-    pub remote: Option<crate::remote::RemoteStat>,
+    pub remote: Option<crate::stats::RemoteStat>,
 }
 
 #[derive(Default)]
