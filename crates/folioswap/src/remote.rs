@@ -124,7 +124,8 @@ struct Shared {
     /// Idle connections (a `ClusterConnection` serves one request at a time).
     pool: Mutex<Vec<ClusterConnection>>,
     sealer: Sealer,
-    prefix: String,
+    /// This engine's name in its keys: pid and 48 random bits.
+    engine_id: String,
     timeout: Duration,
     wait_replicas: u32,
     masters: usize,
@@ -194,13 +195,13 @@ impl RemoteTier {
         let mut id = [0u8; 6];
         // SAFETY: fills a live 6-byte buffer.
         unsafe { libc::getrandom(id.as_mut_ptr().cast(), id.len(), 0) };
-        let prefix = format!("fsw:{}-{}", std::process::id(), id.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        let engine_id = format!("{}-{}", std::process::id(), id.iter().map(|b| format!("{b:02x}")).collect::<String>());
         let shared = Arc::new(Shared {
             spec: spec.clone(),
             client,
             pool: Mutex::new(vec![conn]),
             sealer: Sealer::new().map_err(|e| fail(format!("no random key: {e}")))?,
-            prefix,
+            engine_id,
             timeout,
             wait_replicas,
             masters,
@@ -248,7 +249,7 @@ fn connected_replicas(info: &str) -> Option<u32> {
 
 impl Shared {
     fn key(&self, first: u64, write: u64) -> String {
-        format!("{}{{{}-{}}}:{first}.{write}", self.prefix, self.prefix, first / CLUSTER_SLOTS)
+        format!("fsw:{{{}-{}}}:{first}.{write}", self.engine_id, first / CLUSTER_SLOTS)
     }
 
     /// Run `op` on a connection, retrying on a fresh one until it succeeds or `timeout`
@@ -587,7 +588,7 @@ impl SwapIo for RemoteTier {
                 nodes: s.spec.to_string(),
                 masters: s.masters,
                 wait_replicas: s.wait_replicas,
-                key_prefix: s.prefix.clone(),
+                key_prefix: format!("fsw:{{{}-", s.engine_id),
                 keys: s.keys.lock().unwrap().live.len() as u64,
                 bytes: s.bytes.load(Ordering::Relaxed),
                 remote_swpout: swpout,
