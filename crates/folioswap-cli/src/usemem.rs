@@ -681,11 +681,13 @@ fn print_table(r: &Report) {
                 t.remote_swpin,
                 t.remote_errors
             );
-            for (size, l) in &t.fetch_latency {
-                println!(
-                    "  fetch {size:>5} n={} mean {:.1}us p50 {:.1}us p90 {:.1}us p99 {:.1}us max {:.1}us",
-                    l.count, l.mean_us, l.p50_us, l.p90_us, l.p99_us, l.max_us
-                );
+            for (what, by_size) in [("fetch", &t.fetch_latency), ("store", &t.store_latency)] {
+                for (size, l) in by_size {
+                    println!(
+                        "  {what} {size:>5} n={} mean {:.1}us p50 {:.1}us p90 {:.1}us p99 {:.1}us max {:.1}us",
+                        l.count, l.mean_us, l.p50_us, l.p90_us, l.p99_us, l.max_us
+                    );
+                }
             }
         }
         let v = &r.stats.vm;

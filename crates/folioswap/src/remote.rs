@@ -33,7 +33,7 @@
 
 use crate::seal::{Sealer, TAG_LEN};
 use crate::size::PAGE_SIZE;
-use crate::stats::{Histogram, RemoteStat};
+use crate::stats::{Histogram, Latency, RemoteStat};
 use crate::swapfile::io::{SwapIo, SwapIoStats};
 use crate::swapfile::{zeroed_u32s, zeroed_u64s};
 use redis::cluster::{ClusterClient, ClusterConnection};
@@ -151,6 +151,8 @@ struct Shared {
     bytes: AtomicU64,
     /// Fetch latency by log2 of the pages fetched (4K … 2M).
     fetch_ns: [Histogram; 10],
+    /// Write latency (a whole batch, WAIT included) by log2 of its first run's pages.
+    store_ns: [Histogram; 10],
     write_ns: Histogram,
 }
 
@@ -220,6 +222,7 @@ impl RemoteTier {
             is_down: AtomicBool::new(false),
             bytes: AtomicU64::new(0),
             fetch_ns: Default::default(),
+            store_ns: Default::default(),
             write_ns: Histogram::default(),
         });
         let for_thread = shared.clone();
@@ -366,7 +369,9 @@ impl Shared {
             self.swpout.fetch_add(pages, Ordering::Relaxed);
         }
         drop(keys);
-        self.write_ns.record(start.elapsed().as_nanos() as u64);
+        let ns = start.elapsed().as_nanos() as u64;
+        self.write_ns.record(ns);
+        self.store_ns[((ios[0].1.len() / PAGE_SIZE).trailing_zeros() as usize).min(9)].record(ns);
         Ok(())
     }
 
@@ -569,12 +574,14 @@ impl SwapIo for RemoteTier {
         let s = &self.shared;
         let swpout = s.swpout.load(Ordering::Relaxed);
         let swpin = s.swpin.load(Ordering::Relaxed);
-        let fetch_latency = s
-            .fetch_ns
-            .iter()
-            .enumerate()
-            .filter_map(|(order, h)| h.summary().map(|l| (crate::size::format_bytes((PAGE_SIZE << order) as u64), l)))
-            .collect();
+        let by_size = |hs: &[Histogram; 10]| -> Vec<(String, Latency)> {
+            hs.iter()
+                .enumerate()
+                .filter_map(|(order, h)| h.summary().map(|l| (crate::size::format_bytes((PAGE_SIZE << order) as u64), l)))
+                .collect()
+        };
+        let fetch_latency = by_size(&s.fetch_ns);
+        let store_latency = by_size(&s.store_ns);
         SwapIoStats {
             reads: swpin,
             writes: swpout,
@@ -600,6 +607,7 @@ impl SwapIo for RemoteTier {
                 down: self.down(),
                 lease_ms: LEASE.as_millis() as u64,
                 fetch_latency,
+                store_latency,
                 write_latency: s.write_ns.summary(),
             }),
         }

@@ -448,6 +448,8 @@ pub struct RemoteStat {
     pub down: Option<String>,
     /// Latency of one fetch, by the size fetched ("4K", "64K", "2M", …).
     pub fetch_latency: Vec<(String, Latency)>,
+    /// Latency of one write (a batch, WAIT included), by the size of its first run.
+    pub store_latency: Vec<(String, Latency)>,
     pub write_latency: Option<Latency>,
 }
 
