@@ -23,7 +23,8 @@
 //! - state, no behaviour beyond its own invariants: `folio` (the state machine),
 //!   `ra_window`, `table` (a region's folio table), `memcg` (charges and watermarks),
 //!   `staging`, `lru`, `reclaim_ctl`, `event_queue`, `own_zaps`, `ra_cache`, `zswap/` (the pool),
-//!   `swapfile/` (the swap file), `tier` (the tiers behind one face);
+//!   `seal` (page encryption), `swapfile/` (the swap file, `--encrypt`), `remote` (a
+//!   Redis/Valkey cluster in the swap file's place), `tier` (the tiers behind one face);
 //! - the context: `mm` (fields only, and the lock order);
 //! - what the paths share: `addrmap`, `gate` (the event gate), `install` (every
 //!   MOVE/COPY), `charge`, `release`;
