@@ -176,14 +176,7 @@ impl RemoteTier {
     pub fn connect(spec: &RemoteSpec, timeout: Duration) -> Result<RemoteTier, RemoteError> {
         let fail = |what: String| RemoteError(format!("the remote tier {spec}: {what}"));
         let per_try = timeout.min(Duration::from_secs(1));
-        let client = ClusterClient::builder(spec.urls())
-            .connection_timeout(per_try)
-            .response_timeout(per_try)
-            .retries(3)
-            .min_retry_wait(20)
-            .max_retry_wait(250)
-            .build()
-            .map_err(|e| fail(format!("{e}")))?;
+        let client = cluster_client(spec.urls(), per_try).map_err(|e| fail(format!("{e}")))?;
         let mut conn = client.get_connection().map_err(|e| fail(format!("no node answered within {} ms: {e}", per_try.as_millis())))?;
         let nodes: String = conn
             .route_command(redis::cmd("CLUSTER").arg("NODES"), RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
@@ -193,6 +186,11 @@ impl RemoteTier {
         if masters == 0 {
             return Err(fail("the cluster has no master serving slots (is it created? `redis-cli --cluster create`)".into()));
         }
+        // Every node as a seed, not only those named: a connection made after a failure
+        // (the client's first step is to ask a seed for the slots) must not depend on the
+        // one node named being the one still alive.
+        let seeds: Vec<String> = spec.urls().into_iter().chain(node_addresses(&nodes).map(|a| format!("redis://{a}"))).collect();
+        let client = cluster_client(seeds, per_try).map_err(|e| fail(format!("{e}")))?;
         let slots = REMOTE_SLOTS as usize;
         let mut id = [0u8; 6];
         // SAFETY: fills a live 6-byte buffer.
@@ -234,6 +232,18 @@ impl RemoteTier {
     }
 }
 
+/// A cluster client over `seeds` whose every connection attempt and answer takes at most
+/// `per_try`; the client retries a few times itself, following MOVED/ASK.
+fn cluster_client(seeds: Vec<String>, per_try: Duration) -> redis::RedisResult<ClusterClient> {
+    ClusterClient::builder(seeds)
+        .connection_timeout(per_try)
+        .response_timeout(per_try)
+        .retries(3)
+        .min_retry_wait(20)
+        .max_retry_wait(250)
+        .build()
+}
+
 /// Masters serving slots, and the replicas a write should wait for: 1 if every such
 /// master has a replica, else 0. From `CLUSTER NODES` (id addr flags master-id ... slots).
 fn cluster_shape(nodes: &str) -> (usize, u32) {
@@ -243,6 +253,15 @@ fn cluster_shape(nodes: &str) -> (usize, u32) {
     let all_replicated =
         !masters.is_empty() && masters.iter().all(|m| lines.iter().any(|f| f[2].contains("slave") && alive(f) && f[3] == *m));
     (masters.len(), all_replicated as u32)
+}
+
+/// The `host:port` of every node that `CLUSTER NODES` lists as reachable.
+fn node_addresses(nodes: &str) -> impl Iterator<Item = &str> {
+    nodes.lines().filter_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let usable = f.len() >= 8 && !f[2].contains("fail") && !f[2].contains("noaddr");
+        usable.then(|| f[1].split(['@', ',']).next()).flatten().filter(|a| !a.starts_with(':'))
+    })
 }
 
 /// `connected_slaves` from `INFO replication`.
@@ -675,6 +694,8 @@ mod tests {
         assert_eq!(cluster_shape(&six), (3, 1));
         let one_lost = six.replace("slave c 0", "slave,fail c 0");
         assert_eq!(cluster_shape(&one_lost), (3, 0), "a master without a live replica: writes cannot wait for one");
+        let seeds: Vec<&str> = node_addresses(&one_lost).collect();
+        assert_eq!(seeds, ["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003", "127.0.0.1:7004"]);
         assert_eq!(connected_replicas("# Replication\r\nrole:master\r\nconnected_slaves:0\r\n"), Some(0));
         assert_eq!(connected_replicas("role:master\nconnected_slaves:2\nslave0:ip=…"), Some(2));
     }
