@@ -376,6 +376,13 @@ impl Shared {
             return Err(e);
         }
         let mut keys = self.keys.lock().unwrap();
+        // The engine closed the tier while these were on their way (an eviction racing
+        // the program's exit): `close_once` has deleted the keys it knew, so these go now.
+        if self.stop.load(Ordering::Acquire) {
+            drop(keys);
+            self.delete(&values.into_iter().map(|(_, _, key, _)| key).collect::<Vec<_>>());
+            return Err(io::Error::other(format!("the remote tier {}: the engine has closed it", self.spec)));
+        }
         for ((first, write, _, value), &(_, data)) in values.iter().zip(ios) {
             let pages = (data.len() / PAGE_SIZE) as u64;
             for p in 0..pages {
