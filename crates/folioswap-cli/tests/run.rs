@@ -419,6 +419,33 @@ fn io_syscalls_under_run() {
     run.assert_total_positive("zswpout");
 }
 
+/// Signal mode: threads that block every signal and a handler installed with a full
+/// `sa_mask` read swapped-out memory back, and a program started with SIGBUS blocked
+/// does too. Each read is a swap-in served by a SIGBUS handler on the reading thread, so
+/// libfolioswap.so must keep SIGBUS out of those masks (the kernel kills a thread that
+/// blocks the SIGBUS of its own fault), while the other signals stay blocked as asked.
+#[test]
+fn signal_mode_survives_threads_that_block_signals() {
+    let _serial = serial();
+    let prog = test_program("masked_threads");
+    for exec in [false, true] {
+        let dir = TempDir::new("masked_threads");
+        let stats = dir.join("stats.json");
+        let mut args = vec![s(&prog), "96"];
+        if exec {
+            args.push("exec");
+        }
+        let run = under_env(&["--memory-high", "32M", "--folio", "4K"], Some(&stats), &args, &[("FOLIOSWAP_FAULT_MODE", "signal")]);
+        run.assert_success();
+        run.assert_stdout_line("SIGBUS deliverable at start");
+        run.assert_stdout_line("pthread_sigmask OK, SIGBUS deliverable (bad words 0, SIGUSR2 blocked)");
+        run.assert_stdout_line("sigprocmask OK, SIGBUS deliverable (bad words 0, SIGUSR2 blocked)");
+        run.assert_stdout_line("handler OK (bad words 0)");
+        // The words do not compress: they come back from the swap file.
+        assert!(run.total("zswpin") + run.total("pswpin") > 0, "nothing was swapped in\n{}", run.describe());
+    }
+}
+
 /// CPython's bytearray (malloc/realloc) filled, hashed, and the digest compared with a run
 /// without folioswap.
 #[test]

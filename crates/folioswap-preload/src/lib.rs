@@ -19,6 +19,8 @@
 //!   managed buffers resident before the kernel copies to or from them when the engine
 //!   cannot serve the kernel's own faults (an ordinary user's user-mode-only
 //!   userfaultfd, or signal mode), and pass straight through otherwise;
+//! - `sigmask`: the calls that set signal masks, which keep SIGBUS deliverable in signal
+//!   mode (a thread that blocks it would be killed at its first swap-in);
 //! - `capi`: `folioswap_map` and the rest of the C API;
 //! - `stat_server`: the live counters `folioswap stat` asks each process for.
 //!
@@ -35,6 +37,7 @@ mod alloc;
 mod capi;
 mod inside;
 mod interpose;
+mod sigmask;
 mod stat_server;
 mod state;
 mod syscalls;

@@ -77,8 +77,10 @@ pub fn init() {
     }
     if interpose {
         // A bad setting stops the program now, not at its first large allocation.
-        if let Err(e) = Config::from_env() {
-            fatal(&e.to_string());
+        match Config::from_env() {
+            Ok(c) if c.fault_mode == engine::FaultMode::Signal => crate::sigmask::signal_mode_on(),
+            Ok(_) => {}
+            Err(e) => fatal(&e.to_string()),
         }
         // SAFETY: registers plain extern "C" functions of this library, which stays loaded.
         unsafe {
@@ -107,6 +109,9 @@ impl State {
             match within(|| Engine::new(config)) {
                 Ok(e) => {
                     crate::syscalls::engine_started(&e);
+                    if e.config().fault_mode == engine::FaultMode::Signal {
+                        crate::sigmask::signal_mode_on();
+                    }
                     within(|| crate::stat_server::start(&e, managed_ranges));
                     self.engine = Some(e);
                 }

@@ -89,7 +89,7 @@ fn errno() -> c_int {
 }
 
 /// libc's definition of `name` (NUL-terminated), found once.
-fn resolve(slot: &AtomicUsize, name: &str) -> usize {
+pub(crate) fn resolve(slot: &AtomicUsize, name: &str) -> usize {
     let mut f = slot.load(Ordering::Relaxed);
     if f == 0 {
         // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT finds the definition after
