@@ -424,6 +424,8 @@ fn io_syscalls_under_run() {
 /// does too. Each read is a swap-in served by a SIGBUS handler on the reading thread, so
 /// libfolioswap.so must keep SIGBUS out of those masks (the kernel kills a thread that
 /// blocks the SIGBUS of its own fault), while the other signals stay blocked as asked.
+/// Then the program installs a SIGBUS handler of its own: faults are still served, and
+/// its handler gets the SIGBUS it raises.
 #[test]
 fn signal_mode_survives_threads_that_block_signals() {
     let _serial = serial();
@@ -441,6 +443,7 @@ fn signal_mode_survives_threads_that_block_signals() {
         run.assert_stdout_line("pthread_sigmask OK, SIGBUS deliverable (bad words 0, SIGUSR2 blocked)");
         run.assert_stdout_line("sigprocmask OK, SIGBUS deliverable (bad words 0, SIGUSR2 blocked)");
         run.assert_stdout_line("handler OK (bad words 0)");
+        run.assert_stdout_line("chained OK (bad words 0, sigaction reports it, raised SIGBUS reached it)");
         // The words do not compress: they come back from the swap file.
         assert!(run.total("zswpin") + run.total("pswpin") > 0, "nothing was swapped in\n{}", run.describe());
     }

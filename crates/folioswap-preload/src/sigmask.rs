@@ -1,4 +1,5 @@
-//! SIGBUS kept deliverable in signal mode: the calls that set a thread's signal mask.
+//! SIGBUS kept deliverable and handled in signal mode: the calls that set signal masks and
+//! SIGBUS's handler.
 //!
 //! In signal mode (`FOLIOSWAP_FAULT_MODE=signal`) a thread serves its own faults on
 //! managed memory from a SIGBUS handler. The kernel sends a fault's SIGBUS to the faulting
@@ -11,6 +12,12 @@
 //! - `sigprocmask` and `pthread_sigmask` with `SIG_BLOCK` or `SIG_SETMASK`;
 //! - `sigaction`'s `sa_mask` for every signal but SIGBUS (a handler may touch managed
 //!   memory while it runs).
+//!
+//! And once the engine's SIGBUS handler is installed, a program's `sigaction(SIGBUS, …)`
+//! (Python's `faulthandler`, a crash reporter) does not replace it: the program's handler
+//! becomes the one that SIGBUS signals other than managed faults are passed on to, and
+//! the program reads back what it set. `signal(SIGBUS, …)` goes through libc's internal
+//! sigaction, which no wrapper sees, and still replaces it.
 //!
 //! A SIGBUS the program raises itself is then never held back; that is the price. Masks
 //! set without libc's exported functions (raw `rt_sigprocmask` system calls,
@@ -118,8 +125,18 @@ pub unsafe extern "C" fn sigprocmask(how: c_int, set: *const sigset_t, old: *mut
 #[no_mangle]
 pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int {
     // SAFETY: the caller passes what libc's sigaction accepts; `act`, when non-null, is
-    // readable, and the copy lives on our stack for the call.
+    // readable and `old`, when non-null, writable; the copy lives on our stack for the call.
     unsafe {
+        if sig == libc::SIGBUS {
+            // Signal mode's handler stays; the program's becomes the one it chains to.
+            let action = if act.is_null() { None } else { Some(&*act) };
+            if let Some(replaced) = engine::replace_chained_sigbus(action) {
+                if !old.is_null() {
+                    *old = replaced;
+                }
+                return 0;
+            }
+        }
         if signal_mode() && sig != libc::SIGBUS && !act.is_null() && libc::sigismember(&(*act).sa_mask, libc::SIGBUS) == 1 {
             let mut copy = *act;
             libc::sigdelset(&mut copy.sa_mask, libc::SIGBUS);

@@ -47,8 +47,8 @@ use crate::tier::{LoadError, Tiers};
 use crate::uffd::InstallMode;
 use std::fmt;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Once};
 use std::time::Instant;
 
 pub(crate) enum FaultOutcome {
@@ -601,16 +601,21 @@ fn mark_resident(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSi
 
 // ---- signal mode -------------------------------------------------------------------
 
-static PREVIOUS_SIGBUS: OnceLock<libc::sigaction> = OnceLock::new();
+/// The SIGBUS action that was there before the engine's, or that the program set since
+/// (`replace_chained_sigbus`): where SIGBUS signals that are not managed faults go. A
+/// leaked box, never freed, so that a handler running on another thread may still read
+/// the one it loaded; null until the engine's handler is installed.
+static CHAINED_SIGBUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+static SIGBUS_INSTALL: Once = Once::new();
 
 /// Install the process-wide SIGBUS handler that serves faults in the faulting thread.
 /// Idempotent; other SIGBUS signals go to the handler that was there before.
 pub(crate) fn install_sigbus_handler() {
-    PREVIOUS_SIGBUS.get_or_init(|| {
+    SIGBUS_INSTALL.call_once(|| {
         // SAFETY: sigaction with a zeroed, then filled, struct; the handler is an
         // `extern "C"` function with the SA_SIGINFO signature. All signals are blocked
         // while it runs so that no asynchronous handler re-enters managed memory mid-fault.
-        unsafe {
+        let previous = unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = on_sigbus as *const () as usize;
             action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
@@ -618,13 +623,37 @@ pub(crate) fn install_sigbus_handler() {
             let mut previous: libc::sigaction = std::mem::zeroed();
             libc::sigaction(libc::SIGBUS, &action, &mut previous);
             previous
-        }
+        };
+        CHAINED_SIGBUS.store(Box::into_raw(Box::new(previous)), Ordering::Release);
     });
+}
+
+/// For a program's `sigaction(SIGBUS, …)` once signal mode's handler is installed: make
+/// `action` (if any) the handler that SIGBUS signals other than managed faults go to,
+/// instead of replacing the engine's, and return the one it replaces, as `sigaction`
+/// would have. `None`: no engine handler is installed; the call is the kernel's to make.
+pub fn replace_chained_sigbus(action: Option<&libc::sigaction>) -> Option<libc::sigaction> {
+    let current = CHAINED_SIGBUS.load(Ordering::Acquire);
+    if current.is_null() {
+        return None;
+    }
+    let Some(action) = action else {
+        // SAFETY: a published box, never freed.
+        return Some(unsafe { *current });
+    };
+    let old = CHAINED_SIGBUS.swap(Box::into_raw(Box::new(*action)), Ordering::AcqRel);
+    // SAFETY: as above; the old box stays allocated for handlers still reading it.
+    Some(unsafe { *old })
 }
 
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
-    let addr = unsafe { (*info).si_addr() } as usize;
+    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+    // A SIGBUS sent by a process (kill, raise, sigqueue: si_code <= 0) carries no fault
+    // address, only fields that share its place.
+    if code <= 0 {
+        return chain_sigbus(sig, info, context);
+    }
     if let Some((entry, _)) = ADDRESS_MAP.lookup(addr) {
         match handle_fault(&entry.engine, addr) {
             FaultOutcome::Served => return,
@@ -646,7 +675,12 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, context: *
 }
 
 fn chain_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
-    let Some(previous) = PREVIOUS_SIGBUS.get() else { return };
+    let previous = CHAINED_SIGBUS.load(Ordering::Acquire);
+    if previous.is_null() {
+        return;
+    }
+    // SAFETY: a published box, never freed.
+    let previous = unsafe { &*previous };
     let handler = previous.sa_sigaction;
     if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
         // SAFETY: restoring the default action; the faulting access repeats and the

@@ -82,6 +82,7 @@ mod region;
 pub use config::{Compressor, Config, FaultMode, LruPolicy, SwapFileSpec, SwapinPolicy, ENV_VARS, PRELOAD_VARS};
 pub use engine::{Engine, Quiesced};
 pub use error::{Error, Result};
+pub use fault::replace_chained_sigbus;
 pub use fork::ForkGuard;
 pub use kernel_access::{kernel_buffer_probe, prefault_for_kernel, KernelBuffer};
 pub use region::Region;

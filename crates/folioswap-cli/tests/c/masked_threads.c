@@ -4,7 +4,9 @@
  * mode each of those reads is a swap-in served by a SIGBUS handler on the reading thread,
  * which the kernel would kill if the thread blocked SIGBUS. Prints one "... OK" line per
  * reader that verified every word, and checks that the masks still block the other
- * signals. With "exec", it first blocks SIGBUS with the raw system call (no libc wrapper
+ * signals. Then it installs a SIGBUS handler of its own with sigaction, reads everything
+ * again, and checks that sigaction reports its handler and that a SIGBUS it raises reaches
+ * it ("chained OK"). With "exec", it first blocks SIGBUS with the raw system call (no libc wrapper
  * sees it) and execs itself, so that the program starts with SIGBUS blocked.
  */
 #define _GNU_SOURCE
@@ -74,6 +76,22 @@ static void *blocked_by_sigprocmask(void *arg)
     return NULL;
 }
 
+static volatile sig_atomic_t own_sigbus;
+
+static void on_own_sigbus(int sig, siginfo_t *info, void *context)
+{
+    (void)sig;
+    (void)context;
+    if (info->si_code > 0) {
+        /* A fault's SIGBUS: the engine's handler was replaced, and returning would
+         * fault again for ever. */
+        static const char msg[] = "chained FAILED: the program's handler got a fault on managed memory\n";
+        write(1, msg, sizeof msg - 1);
+        _exit(3);
+    }
+    own_sigbus = 1;
+}
+
 static void on_usr1(int sig)
 {
     (void)sig;
@@ -124,6 +142,19 @@ int main(int argc, char **argv)
     sigaction(SIGUSR1, &sa, NULL);
     raise(SIGUSR1);
     printf("handler %s (bad words %ld)\n", handler_bad == 0 ? "OK" : "FAILED", (long)handler_bad);
+
+    struct sigaction own, got;
+    memset(&own, 0, sizeof own);
+    own.sa_sigaction = on_own_sigbus;
+    own.sa_flags = SA_SIGINFO;
+    sigemptyset(&own.sa_mask);
+    sigaction(SIGBUS, &own, NULL);
+    size_t bad = count_bad();
+    sigaction(SIGBUS, NULL, &got);
+    raise(SIGBUS);
+    int reported = got.sa_sigaction == on_own_sigbus && (got.sa_flags & SA_SIGINFO);
+    printf("chained %s (bad words %zu, sigaction %s, raised SIGBUS %s)\n", bad == 0 && reported && own_sigbus ? "OK" : "FAILED",
+           bad, reported ? "reports it" : "does not report it", own_sigbus ? "reached it" : "lost");
     free(words);
     return 0;
 }
