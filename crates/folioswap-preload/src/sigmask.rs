@@ -28,7 +28,7 @@
 use libc::{c_int, sigset_t};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use crate::syscalls::resolve;
+use crate::syscalls::{real, resolve};
 
 /// Whether SIGBUS must stay deliverable (signal mode configured).
 static SIGNAL_MODE: AtomicBool = AtomicBool::new(false);
@@ -37,13 +37,14 @@ static SIGNAL_MODE: AtomicBool = AtomicBool::new(false);
 /// this thread (a mask inherited through exec may hold it).
 pub fn signal_mode_on() {
     SIGNAL_MODE.store(true, Ordering::Release);
+    let unmask = real!(pthread_sigmask: MaskFn);
     // SAFETY: a set built on the stack with sigemptyset/sigaddset; SIG_UNBLOCK of SIGBUS
     // on the calling thread only.
     unsafe {
         let mut set: sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGBUS);
-        real_pthread_sigmask()(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        unmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
     }
 }
 
@@ -53,27 +54,6 @@ fn signal_mode() -> bool {
 
 type MaskFn = unsafe extern "C" fn(c_int, *const sigset_t, *mut sigset_t) -> c_int;
 type SigactionFn = unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int;
-
-fn real_pthread_sigmask() -> MaskFn {
-    static SLOT: AtomicUsize = AtomicUsize::new(0);
-    let f = resolve(&SLOT, "pthread_sigmask\0");
-    // SAFETY: libc's pthread_sigmask, whose C signature MaskFn spells out.
-    unsafe { std::mem::transmute::<usize, MaskFn>(f) }
-}
-
-fn real_sigprocmask() -> MaskFn {
-    static SLOT: AtomicUsize = AtomicUsize::new(0);
-    let f = resolve(&SLOT, "sigprocmask\0");
-    // SAFETY: libc's sigprocmask, whose C signature MaskFn spells out.
-    unsafe { std::mem::transmute::<usize, MaskFn>(f) }
-}
-
-fn real_sigaction() -> SigactionFn {
-    static SLOT: AtomicUsize = AtomicUsize::new(0);
-    let f = resolve(&SLOT, "sigaction\0");
-    // SAFETY: libc's sigaction, whose C signature SigactionFn spells out.
-    unsafe { std::mem::transmute::<usize, SigactionFn>(f) }
-}
 
 /// `set` without SIGBUS, if it blocks SIGBUS and signal mode is on; `None`: pass it as is.
 ///
@@ -98,24 +78,30 @@ unsafe fn without_sigbus(how: c_int, set: *const sigset_t) -> Option<sigset_t> {
 /// As libc's `pthread_sigmask`.
 #[no_mangle]
 pub unsafe extern "C" fn pthread_sigmask(how: c_int, set: *const sigset_t, old: *mut sigset_t) -> c_int {
+    let real = real!(pthread_sigmask: MaskFn);
     // SAFETY: the caller passes what libc's pthread_sigmask accepts.
-    unsafe {
-        match without_sigbus(how, set) {
-            Some(copy) => real_pthread_sigmask()(how, &copy, old),
-            None => real_pthread_sigmask()(how, set, old),
-        }
-    }
+    unsafe { set_mask(real, how, set, old) }
 }
 
 /// # Safety
 /// As libc's `sigprocmask`.
 #[no_mangle]
 pub unsafe extern "C" fn sigprocmask(how: c_int, set: *const sigset_t, old: *mut sigset_t) -> c_int {
+    let real = real!(sigprocmask: MaskFn);
     // SAFETY: the caller passes what libc's sigprocmask accepts.
+    unsafe { set_mask(real, how, set, old) }
+}
+
+/// `real(how, set, old)`, with SIGBUS taken out of `set` where it would be blocked.
+///
+/// # Safety
+/// As `real`'s (libc's pthread_sigmask or sigprocmask).
+unsafe fn set_mask(real: MaskFn, how: c_int, set: *const sigset_t, old: *mut sigset_t) -> c_int {
+    // SAFETY: the caller's arguments, or a copy of `set` on our stack.
     unsafe {
         match without_sigbus(how, set) {
-            Some(copy) => real_sigprocmask()(how, &copy, old),
-            None => real_sigprocmask()(how, set, old),
+            Some(copy) => real(how, &copy, old),
+            None => real(how, set, old),
         }
     }
 }
@@ -124,6 +110,7 @@ pub unsafe extern "C" fn sigprocmask(how: c_int, set: *const sigset_t, old: *mut
 /// As libc's `sigaction`.
 #[no_mangle]
 pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int {
+    let real = real!(sigaction: SigactionFn);
     // SAFETY: the caller passes what libc's sigaction accepts; `act`, when non-null, is
     // readable and `old`, when non-null, writable; the copy lives on our stack for the call.
     unsafe {
@@ -140,8 +127,8 @@ pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old:
         if signal_mode() && sig != libc::SIGBUS && !act.is_null() && libc::sigismember(&(*act).sa_mask, libc::SIGBUS) == 1 {
             let mut copy = *act;
             libc::sigdelset(&mut copy.sa_mask, libc::SIGBUS);
-            return real_sigaction()(sig, &copy, old);
+            return real(sig, &copy, old);
         }
-        real_sigaction()(sig, act, old)
+        real(sig, act, old)
     }
 }

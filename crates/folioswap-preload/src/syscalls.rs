@@ -117,6 +117,7 @@ macro_rules! real {
         unsafe { std::mem::transmute::<usize, $ty>(f) }
     }};
 }
+pub(crate) use real;
 
 type ReadFn = unsafe extern "C" fn(c_int, *mut c_void, size_t) -> ssize_t;
 type WriteFn = unsafe extern "C" fn(c_int, *const c_void, size_t) -> ssize_t;
