@@ -2,7 +2,8 @@
 //!
 //! - `kswapd`, the background reclaimers: asleep under the high watermark, evicting down
 //!   to the low one. With a swap file they are also zswap's shrink worker: they write the
-//!   pool's oldest entries back while the pool is over its accept threshold.
+//!   pool's oldest entries back, a batch at a time, while the pool is over its accept
+//!   threshold.
 //! - `direct_reclaim`, from a fault whose charge would pass memory_high
 //!   (`charge::reserve`, through `Mm::hooks`): one eviction in the faulting context.
 //! - `shrink_caches`, when neither can free anything: empty the staging reserve, the
@@ -14,7 +15,7 @@
 use crate::evict::{shrink_one, Reclaimer};
 use crate::mm::{DirectReclaim, Mm, Reclaimed};
 use crate::readahead::drain_readahead;
-use crate::writeback::writeback_one;
+use crate::writeback::{writeback_batch, writeback_one, WRITEBACK_BATCH};
 use crate::zswap::CodecScratch;
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
@@ -31,7 +32,7 @@ pub(crate) fn kswapd(mm: Arc<Mm>) {
     let stopping = || mm.stop.load(Ordering::Acquire);
     while !stopping() {
         while !stopping() && mm.tiers.needs_writeback(&mm.memcg) {
-            if !writeback_one(&mm) {
+            if writeback_batch(&mm, WRITEBACK_BATCH) == 0 {
                 break;
             }
         }
@@ -46,7 +47,7 @@ pub(crate) fn kswapd(mm: Arc<Mm>) {
                 Reclaimed::Freed => {}
                 Reclaimed::Busy => std::thread::yield_now(),
                 Reclaimed::Nothing | Reclaimed::PoolFull => {
-                    if writeback_one(&mm) {
+                    if writeback_batch(&mm, WRITEBACK_BATCH) > 0 {
                         continue;
                     }
                     mm.reclaim.sleep(Duration::from_millis(10));

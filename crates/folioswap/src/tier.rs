@@ -401,6 +401,24 @@ impl Tiers {
         Ok(placed)
     }
 
+    /// Queue 4 KiB folios that follow each other in their region (a writeback batch's) for
+    /// one aligned run of `pages.len()` slots (a power of two), so that readahead reads
+    /// them back with one I/O; each slot is still freed on its own. `None` when the
+    /// allocator has no such run: write them one by one.
+    pub fn write_run_to_file<'a>(&self, pages: &[&'a [u8]], batch: &mut WriteBatch<'a>) -> Option<Vec<Placed>> {
+        debug_assert!(pages.len().is_power_of_two() && pages.iter().all(|p| p.len() == PAGE_SIZE));
+        let dev = self.file.as_ref()?;
+        let first = dev.alloc(pages.len().trailing_zeros())?;
+        let placed = (first..)
+            .zip(pages)
+            .map(|(slot, &page)| {
+                batch.push((slot, page));
+                Placed::File(SwapHandle { slot, checksum: run_checksum(page, |_, sum| dev.set_page_sum(slot, sum)) })
+            })
+            .collect();
+        Some(placed)
+    }
+
     /// Issue the file writes queued by the stores of one eviction batch in one
     /// submission (their staging copies are contiguous, and so are their slots when the
     /// allocator hands out a run: `pwritev` merges them). `spans[i]` is the part of

@@ -4,19 +4,22 @@
 //! under half of memory_high, so that resident memory is not squeezed out by compressed
 //! memory (`Tiers::needs_writeback`).
 //!
-//! One entry, top to bottom (`writeback_one`): pop the oldest entry of the pool's FIFO;
-//! `try_lock` its folio and check it is still that Pool entry (else skip it); decompress
-//! it into a per-thread O_DIRECT buffer; write it to the file; free the pool entry;
-//! publish the new place (`evict::publish`, counted `zswpwb`); apply any event marked
-//! meanwhile; unlock.
+//! The background reclaimers write back a batch at a time (`writeback_batch`, its steps
+//! numbered there): the oldest entries, sorted by address so that a stream's pages get
+//! consecutive slots and readahead reads them back with one `preadv` per run, written
+//! with one submission. The kernel's zswap writes back one page at a time; with 4 KiB
+//! folios that was one 4 KiB O_DIRECT write, and later one 4 KiB read, per page
+//! (BENCHMARKS.md, "Pool writeback in batches"). Direct reclaim writes back one entry
+//! (`writeback_one`), in the faulting context.
 
 use crate::events::apply_pending_after_publish;
 use crate::evict::publish;
-use crate::folio::{Kind, CACHED, PENDING, SPLIT};
+use crate::folio::{Kind, State, CACHED, PENDING, SPLIT};
 use crate::mm::Mm;
 use crate::size::{FolioSize, HUGE_SIZE};
-use crate::tier::{LoadError, SwapOutError};
+use crate::tier::{Placed, PoolLruEntry, SwapOutError, WriteBatch};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 thread_local! {
     /// A 2 MiB page-aligned buffer per thread for writeback (decompressed data headed for
@@ -56,31 +59,121 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// Why one entry could not be written back.
-enum WritebackError {
-    /// No memory for the per-thread buffer.
-    NoBuffer(std::io::Error),
-    /// The entry does not decompress.
-    Load(LoadError),
-    /// The file is full, or its write failed (reported where it happened).
-    FileRefused,
+/// The most entries one writeback pass takes (their data also fits the 2 MiB buffer).
+/// Enough that a stream's pages, sorted by address, land in runs of slots that readahead
+/// reads back with one `preadv` each; few enough that faults waiting on them wait for
+/// one write of at most 2 MiB.
+pub(crate) const WRITEBACK_BATCH: usize = 64;
+
+/// An entry taken for writeback: locked, still Pool.
+struct Taken {
+    v: PoolLruEntry,
+    s: State,
+    folio: FolioSize,
+    handle: u64,
+    /// Where its data sits in the writeback buffer.
+    at: std::ops::Range<usize>,
 }
 
-/// Write the pool's oldest entry back to the swap file. Returns whether an entry left
-/// the pool.
-pub(crate) fn writeback_one(mm: &Mm) -> bool {
-    let Some(dev) = &mm.tiers.file else { return false };
+/// Write up to `max` of the pool's oldest entries back to the swap file, in one
+/// submission. Returns how many left the pool.
+///
+/// 1. take: pop entries oldest first, `try_lock` each and keep it if it is still that
+///    Pool entry (a locked one is being loaded or changed: skip it; one with a readahead
+///    copy goes to the back), until `max` entries or 2 MiB of data;
+/// 2. sort them by region and address, so that a stream's pages get consecutive slots;
+/// 3. decompress each into the per-thread O_DIRECT buffer, give it slots (4 KiB folios
+///    that follow each other in a region share one aligned run, `write_run_to_file`, as
+///    the slot cache would scatter them over free slots anywhere in the file) and queue
+///    its write; issue the queue with one `pwritev` per contiguous run (`write_batch`);
+/// 4. per entry: free the pool entry and publish the new place (counted `zswpwb`), or,
+///    where its load or write failed, keep it in the pool (back at the LRU head); apply
+///    any event marked meanwhile; unlock.
+pub(crate) fn writeback_batch(mm: &Mm, max: usize) -> usize {
+    let Some(dev) = &mm.tiers.file else { return 0 };
     if !dev.has_free_slots() {
-        return false;
+        return 0;
     }
-    let Some(_active) = mm.reclaim.begin_work(&mm.memcg) else { return false };
+    let Some(_active) = mm.reclaim.begin_work(&mm.memcg) else { return 0 };
+    let mut taken = take_oldest(mm, max);
+    if taken.is_empty() {
+        return 0;
+    }
+    taken.sort_by_key(|t| (Arc::as_ptr(&t.v.table) as usize, t.v.page));
+    let mut offset = 0;
+    for t in &mut taken {
+        t.at = offset..offset + t.folio.bytes();
+        offset += t.folio.bytes();
+    }
+    let results = WRITEBACK_BUF.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if cell.is_none() {
+            match AlignedBuf::new(HUGE_SIZE) {
+                Ok(buf) => *cell = Some(buf),
+                Err(err) => {
+                    eprintln!("folioswap: no memory for a writeback buffer: {err}");
+                    return None;
+                }
+            }
+        }
+        Some(write_taken(mm, &taken, cell.as_mut().expect("just set").as_mut_slice(HUGE_SIZE)))
+    });
     let lru = &mm.tiers.pool_lru;
+    let Some(results) = results else {
+        for t in taken.into_iter().rev() {
+            t.v.table.entry(t.v.page).unlock();
+            lru.push_front(t.v);
+        }
+        return 0;
+    };
+    let mut written = 0;
+    let mut kept = Vec::new();
+    for (t, result) in taken.into_iter().zip(results) {
+        let Taken { v, s, folio, handle, .. } = t;
+        let e = v.table.entry(v.page);
+        match result {
+            Ok(placed) => {
+                mm.tiers.free(Kind::Pool, handle, folio);
+                mm.counters.vm.zswpwb.add(folio.pages() as u64);
+                publish(mm, &v.table, v.page, folio, s, &placed);
+                apply_pending_after_publish(mm, &v.table, v.page, folio);
+                e.unlock();
+                written += 1;
+            }
+            Err(()) => {
+                e.unlock();
+                kept.push(v);
+            }
+        }
+    }
+    for v in kept.into_iter().rev() {
+        lru.push_front(v);
+    }
+    written
+}
+
+/// Write the pool's oldest entry back (direct reclaim: one entry, in the faulting
+/// context). Returns whether it left the pool.
+pub(crate) fn writeback_one(mm: &Mm) -> bool {
+    writeback_batch(mm, 1) > 0
+}
+
+/// Step 1 of `writeback_batch`.
+fn take_oldest(mm: &Mm, max: usize) -> Vec<Taken> {
+    let lru = &mm.tiers.pool_lru;
+    let mut taken = Vec::new();
+    let mut bytes = 0;
     let mut budget = lru.len();
-    while budget > 0 {
+    while budget > 0 && taken.len() < max {
         budget -= 1;
-        let Some(v) = lru.pop() else { return false };
+        let Some(v) = lru.pop() else { break };
         if v.table.dead.load(Ordering::Relaxed) {
             continue;
+        }
+        let folio = FolioSize::from_order(v.order as u32).expect("valid order");
+        if bytes + folio.bytes() > HUGE_SIZE {
+            lru.push_front(v);
+            break;
         }
         let e = v.table.entry(v.page);
         // A locked entry is being loaded (it leaves the pool anyway) or changed by an
@@ -98,37 +191,68 @@ pub(crate) fn writeback_one(mm: &Mm) -> bool {
             lru.push_back(v);
             continue;
         }
-        let folio = FolioSize::from_order(v.order as u32).expect("valid order");
         let handle = e.handle();
-        let written = WRITEBACK_BUF.with(|cell| {
-            let mut cell = cell.borrow_mut();
-            if cell.is_none() {
-                *cell = Some(AlignedBuf::new(HUGE_SIZE).map_err(WritebackError::NoBuffer)?);
-            }
-            let buf = cell.as_mut().expect("just set").as_mut_slice(folio.bytes());
-            mm.tiers.load(Kind::Pool, handle, buf, &mm.counters).map_err(WritebackError::Load)?;
-            mm.tiers.write_to_file(buf, folio, None, &mm.counters).map_err(|_: SwapOutError| WritebackError::FileRefused)
-        });
-        let placed = match written {
-            Ok(placed) => placed,
-            Err(err) => {
-                e.unlock();
-                match err {
-                    WritebackError::NoBuffer(err) => eprintln!("folioswap: no memory for a writeback buffer: {err}"),
-                    WritebackError::Load(err) => eprintln!("folioswap: writing a pool entry back failed: {err}"),
-                    // Write errors are reported where they happen; no space just ends writeback.
-                    WritebackError::FileRefused => {}
-                }
-                lru.push_front(v);
-                return false;
-            }
-        };
-        mm.tiers.free(Kind::Pool, handle, folio);
-        mm.counters.vm.zswpwb.add(folio.pages() as u64);
-        publish(mm, &v.table, v.page, folio, s, &placed);
-        apply_pending_after_publish(mm, &v.table, v.page, folio);
-        e.unlock();
-        return true;
+        bytes += folio.bytes();
+        taken.push(Taken { v, s, folio, handle, at: 0..0 });
     }
-    false
+    taken
+}
+
+/// Step 3 of `writeback_batch`: one result per entry, `Err` where it stays in the pool.
+fn write_taken(mm: &Mm, taken: &[Taken], buf: &mut [u8]) -> Vec<Result<Vec<Placed>, ()>> {
+    let mut loaded: Vec<bool> = Vec::with_capacity(taken.len());
+    for t in taken {
+        match mm.tiers.load(Kind::Pool, t.handle, &mut buf[t.at.clone()], &mm.counters) {
+            Ok(()) => loaded.push(true),
+            Err(err) => {
+                eprintln!("folioswap: writing a pool entry back failed: {err}");
+                loaded.push(false);
+            }
+        }
+    }
+    let buf: &[u8] = buf;
+    let mut batch = WriteBatch::new();
+    let mut spans = Vec::with_capacity(taken.len());
+    let mut results: Vec<Result<Vec<Placed>, SwapOutError>> = Vec::with_capacity(taken.len());
+    let mut file_full = false;
+    let mut i = 0;
+    while i < taken.len() {
+        // 4 KiB folios that follow each other in one region share a run of slots: the
+        // longest power of two of them that starts here.
+        let follows = |j: usize| {
+            let (a, b) = (&taken[j - 1], &taken[j]);
+            loaded[j] && b.folio.order() == 0 && Arc::ptr_eq(&a.v.table, &b.v.table) && b.v.page == a.v.page + 1
+        };
+        let mut len = 1;
+        while loaded[i] && taken[i].folio.order() == 0 && i + len < taken.len() && follows(i + len) {
+            len += 1;
+        }
+        let len: usize = 1 << len.ilog2();
+        if len > 1 && !file_full {
+            let start = batch.len();
+            let pages: Vec<&[u8]> = taken[i..i + len].iter().map(|t| &buf[t.at.clone()]).collect();
+            if let Some(placed) = mm.tiers.write_run_to_file(&pages, &mut batch) {
+                for (k, p) in placed.into_iter().enumerate() {
+                    results.push(Ok(vec![p]));
+                    spans.push(start + k..start + k + 1);
+                }
+                i += len;
+                continue;
+            }
+        }
+        let t = &taken[i];
+        let start = batch.len();
+        // Write errors are reported where they happen; no space just ends the pass.
+        let result = if loaded[i] && !file_full {
+            mm.tiers.write_to_file(&buf[t.at.clone()], t.folio, Some(&mut batch), &mm.counters)
+        } else {
+            Err(SwapOutError::NoSpace)
+        };
+        file_full |= matches!(result, Err(SwapOutError::NoSpace));
+        results.push(result);
+        spans.push(start..batch.len());
+        i += 1;
+    }
+    mm.tiers.write_batch(&batch, &spans, &mut results, &mm.counters);
+    results.into_iter().map(|r| r.map_err(|_| ())).collect()
 }

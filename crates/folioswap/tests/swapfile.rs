@@ -42,6 +42,9 @@ impl<I: SwapIo> SwapIo for Shared<I> {
     fn read_at(&self, slot: u64, dst: &mut [u8]) -> io::Result<()> {
         self.0.read_at(slot, dst)
     }
+    fn read_batch(&self, ios: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        self.0.read_batch(ios)
+    }
     fn slots(&self) -> u64 {
         self.0.slots()
     }
@@ -210,4 +213,91 @@ fn child_fills_the_swap_file() {
     let mut r = e.map(64 * MIB, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
     fill_incompressible(&mut r);
     unreachable!("64M of incompressible data cannot fit 8M of memory, a 1M pool and an 8M file");
+}
+
+/// Records which page (by the first word `fill` wrote in it) each written slot holds.
+struct Recorder {
+    file: SwapFile,
+    written: std::sync::Mutex<std::collections::HashMap<u64, u64>>,
+}
+impl Recorder {
+    fn record(&self, slot: u64, data: &[u8]) {
+        let mut written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for (i, page) in data.chunks(4096).enumerate() {
+            written.insert(slot + i as u64, u64::from_le_bytes(page[..8].try_into().unwrap()));
+        }
+    }
+}
+impl SwapIo for Recorder {
+    fn write_at(&self, slot: u64, data: &[u8]) -> io::Result<()> {
+        self.record(slot, data);
+        self.file.write_at(slot, data)
+    }
+    fn write_batch(&self, ios: &[(u64, &[u8])]) -> io::Result<()> {
+        ios.iter().for_each(|&(slot, data)| self.record(slot, data));
+        self.file.write_batch(ios)
+    }
+    fn read_at(&self, slot: u64, dst: &mut [u8]) -> io::Result<()> {
+        self.file.read_at(slot, dst)
+    }
+    fn read_batch(&self, ios: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        self.file.read_batch(ios)
+    }
+    fn slots(&self) -> u64 {
+        self.file.slots()
+    }
+    fn is_direct(&self) -> bool {
+        self.file.is_direct()
+    }
+    fn stats(&self) -> folioswap::SwapIoStats {
+        self.file.stats()
+    }
+}
+
+#[test]
+fn pool_writeback_gives_a_regions_pages_consecutive_slots() {
+    // Two 4K regions written page by page in turn: their folios enter the LRU, and then
+    // the pool, interleaved (a0 b0 a1 b1 ...). Written back one entry at a time, a's
+    // pages took every other slot; written back in sorted batches, each region's pages
+    // that follow each other in memory follow each other on disk, so that readahead can
+    // read them back with one I/O.
+    let recorder = Arc::new(Recorder { file: swap_file(256 << 20), written: Default::default() });
+    let config = Config::default().memory_high("16M").unwrap().charge_pool(true);
+    let e = engine_with(Box::new(Shared(recorder.clone())), config);
+    let options = || RegionOptions::default().folio_size("4K").unwrap();
+    let (mut a, mut b) = (e.map(48 * MIB, options()).unwrap(), e.map(48 * MIB, options()).unwrap());
+    let words = 4096 / 8;
+    for round in [1u64, 2] {
+        let (sa, sb) = (round << 1, (round << 1) | 1);
+        let (wa, wb) = (a.as_mut_slice(), b.as_mut_slice());
+        for page in 0..wa.len() / 4096 {
+            for (w, seed) in [(&mut *wa, sa), (&mut *wb, sb)] {
+                for j in page * words..(page + 1) * words {
+                    w[j * 8..j * 8 + 8].copy_from_slice(&(j as u64 ^ (seed << 40)).to_le_bytes());
+                }
+            }
+        }
+    }
+    check(&a, 4);
+    check(&b, 5);
+    let s = e.stats();
+    assert!(s.vm.zswpwb > 1000, "the charged pool must write back: {:?}", s.vm);
+    // For every slot holding a page of `a`, whether the next slot holds a's next page
+    // (of the same round's data).
+    let written = recorder.written.lock().unwrap();
+    let page_of = |w: u64| (w >> 40, (w & ((1 << 40) - 1)) / words as u64);
+    let (mut a_pages, mut followed) = (0, 0);
+    for (&slot, &w) in written.iter() {
+        let (seed, page) = page_of(w);
+        if seed != 2 && seed != 4 {
+            continue;
+        }
+        a_pages += 1;
+        if written.get(&(slot + 1)).is_some_and(|&n| page_of(n) == (seed, page + 1)) {
+            followed += 1;
+        }
+    }
+    eprintln!("{followed} of {a_pages} slots of a's pages are followed by a's next page; zswpwb {}", s.vm.zswpwb);
+    assert!(a_pages > 1000, "a's pages must reach the file: {a_pages}");
+    assert!(followed * 2 > a_pages, "{followed} of {a_pages} written pages of a are followed by a's next page on disk");
 }
