@@ -242,13 +242,15 @@ fn write_taken(mm: &Mm, taken: &[Taken], buf: &mut [u8]) -> Vec<Result<Vec<Place
         }
         let t = &taken[i];
         let start = batch.len();
-        // Write errors are reported where they happen; no space just ends the pass.
+        // Write errors are reported where they happen; no space just ends the pass. An
+        // entry that did not load (reported above) or found the file full stays in the pool.
         let result = if loaded[i] && !file_full {
-            mm.tiers.write_to_file(&buf[t.at.clone()], t.folio, Some(&mut batch), &mm.counters)
+            let result = mm.tiers.write_to_file(&buf[t.at.clone()], t.folio, Some(&mut batch), &mm.counters);
+            file_full = matches!(result, Err(SwapOutError::NoSpace));
+            result
         } else {
             Err(SwapOutError::NoSpace)
         };
-        file_full |= matches!(result, Err(SwapOutError::NoSpace));
         results.push(result);
         spans.push(start..batch.len());
         i += 1;
