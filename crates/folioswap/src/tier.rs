@@ -143,6 +143,13 @@ fn run_checksum(data: &[u8], mut each: impl FnMut(usize, u32)) -> u32 {
     combine_page_sums(&sums[..pages])
 }
 
+/// One page per slot, each placed on its own with its page's checksum (kept by the device too).
+fn place_pages(dev: &SwapDevice, ios: &[(u64, &[u8])]) -> Vec<Placed> {
+    ios.iter()
+        .map(|&(slot, page)| Placed::File(SwapHandle { slot, checksum: run_checksum(page, |_, sum| dev.set_page_sum(slot, sum)) }))
+        .collect()
+}
+
 fn combine_page_sums(sums: &[u32]) -> u32 {
     if let [one] = sums {
         return *one;
@@ -383,10 +390,7 @@ impl Tiers {
             }
         }
         let ios: Vec<(u64, &[u8])> = slots.iter().copied().zip(data.chunks(PAGE_SIZE)).collect();
-        let placed = ios
-            .iter()
-            .map(|&(slot, page)| Placed::File(SwapHandle { slot, checksum: run_checksum(page, |_, sum| dev.set_page_sum(slot, sum)) }))
-            .collect();
+        let placed = place_pages(dev, &ios);
         if let Some(batch) = batch {
             batch.extend(ios);
             return Ok(placed);
@@ -401,21 +405,18 @@ impl Tiers {
         Ok(placed)
     }
 
-    /// Queue 4 KiB folios that follow each other in their region (a writeback batch's) for
-    /// one aligned run of `pages.len()` slots (a power of two), so that readahead reads
-    /// them back with one I/O; each slot is still freed on its own. `None` when the
-    /// allocator has no such run: write them one by one.
-    pub fn write_run_to_file<'a>(&self, pages: &[&'a [u8]], batch: &mut WriteBatch<'a>) -> Option<Vec<Placed>> {
-        debug_assert!(pages.len().is_power_of_two() && pages.iter().all(|p| p.len() == PAGE_SIZE));
+    /// Queue 4 KiB folios that follow each other in their region (a writeback batch's),
+    /// `pages` back to back, for one aligned run of slots (their count a power of two), so
+    /// that readahead reads them back with one I/O; each slot is still freed on its own.
+    /// `None` when the allocator has no such run: write them one by one.
+    pub fn write_run_to_file<'a>(&self, pages: &'a [u8], batch: &mut WriteBatch<'a>) -> Option<Vec<Placed>> {
+        let count = pages.len() / PAGE_SIZE;
+        debug_assert!(count.is_power_of_two() && pages.len().is_multiple_of(PAGE_SIZE));
         let dev = self.file.as_ref()?;
-        let first = dev.alloc(pages.len().trailing_zeros())?;
-        let placed = (first..)
-            .zip(pages)
-            .map(|(slot, &page)| {
-                batch.push((slot, page));
-                Placed::File(SwapHandle { slot, checksum: run_checksum(page, |_, sum| dev.set_page_sum(slot, sum)) })
-            })
-            .collect();
+        let first = dev.alloc(count.trailing_zeros())?;
+        let ios: WriteBatch<'a> = (first..).zip(pages.chunks(PAGE_SIZE)).collect();
+        let placed = place_pages(dev, &ios);
+        batch.extend(ios);
         Some(placed)
     }
 

@@ -140,7 +140,7 @@ pub(crate) fn writeback_batch(mm: &Mm, max: usize) -> usize {
                 e.unlock();
                 written += 1;
             }
-            Err(()) => {
+            Err(_) => {
                 e.unlock();
                 kept.push(v);
             }
@@ -199,30 +199,32 @@ fn take_oldest(mm: &Mm, max: usize) -> Vec<Taken> {
 }
 
 /// Step 3 of `writeback_batch`: one result per entry, `Err` where it stays in the pool.
-fn write_taken(mm: &Mm, taken: &[Taken], buf: &mut [u8]) -> Vec<Result<Vec<Placed>, ()>> {
-    let mut loaded: Vec<bool> = Vec::with_capacity(taken.len());
-    for t in taken {
-        match mm.tiers.load(Kind::Pool, t.handle, &mut buf[t.at.clone()], &mm.counters) {
-            Ok(()) => loaded.push(true),
+/// The entries' places in `buf` follow each other in their order.
+fn write_taken(mm: &Mm, taken: &[Taken], buf: &mut [u8]) -> Vec<Result<Vec<Placed>, SwapOutError>> {
+    let loaded: Vec<bool> = taken
+        .iter()
+        .map(|t| match mm.tiers.load(Kind::Pool, t.handle, &mut buf[t.at.clone()], &mm.counters) {
+            Ok(()) => true,
             Err(err) => {
                 eprintln!("folioswap: writing a pool entry back failed: {err}");
-                loaded.push(false);
+                false
             }
-        }
-    }
+        })
+        .collect();
     let buf: &[u8] = buf;
+    // Whether entry `j` is a loaded 4 KiB folio at the page after entry `j - 1`'s.
+    let follows = |j: usize| {
+        let (a, b) = (&taken[j - 1], &taken[j]);
+        loaded[j] && b.folio.order() == 0 && Arc::ptr_eq(&a.v.table, &b.v.table) && b.v.page == a.v.page + 1
+    };
     let mut batch = WriteBatch::new();
     let mut spans = Vec::with_capacity(taken.len());
-    let mut results: Vec<Result<Vec<Placed>, SwapOutError>> = Vec::with_capacity(taken.len());
+    let mut results = Vec::with_capacity(taken.len());
     let mut file_full = false;
     let mut i = 0;
     while i < taken.len() {
         // 4 KiB folios that follow each other in one region share a run of slots: the
         // longest power of two of them that starts here.
-        let follows = |j: usize| {
-            let (a, b) = (&taken[j - 1], &taken[j]);
-            loaded[j] && b.folio.order() == 0 && Arc::ptr_eq(&a.v.table, &b.v.table) && b.v.page == a.v.page + 1
-        };
         let mut len = 1;
         while loaded[i] && taken[i].folio.order() == 0 && i + len < taken.len() && follows(i + len) {
             len += 1;
@@ -230,8 +232,8 @@ fn write_taken(mm: &Mm, taken: &[Taken], buf: &mut [u8]) -> Vec<Result<Vec<Place
         let len: usize = 1 << len.ilog2();
         if len > 1 && !file_full {
             let start = batch.len();
-            let pages: Vec<&[u8]> = taken[i..i + len].iter().map(|t| &buf[t.at.clone()]).collect();
-            if let Some(placed) = mm.tiers.write_run_to_file(&pages, &mut batch) {
+            let run = &buf[taken[i].at.start..taken[i + len - 1].at.end];
+            if let Some(placed) = mm.tiers.write_run_to_file(run, &mut batch) {
                 for (k, p) in placed.into_iter().enumerate() {
                     results.push(Ok(vec![p]));
                     spans.push(start + k..start + k + 1);
@@ -256,5 +258,5 @@ fn write_taken(mm: &Mm, taken: &[Taken], buf: &mut [u8]) -> Vec<Result<Vec<Place
         i += 1;
     }
     mm.tiers.write_batch(&batch, &spans, &mut results, &mm.counters);
-    results.into_iter().map(|r| r.map_err(|_| ())).collect()
+    results
 }

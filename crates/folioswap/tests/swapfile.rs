@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 mod common;
-use common::{check, fill, fill_incompressible, run_child_expecting_sigbus};
+use common::{check, fill, fill_incompressible, fill_page, run_child_expecting_sigbus};
 
 const MIB: usize = 1 << 20;
 
@@ -266,16 +266,15 @@ fn pool_writeback_gives_a_regions_pages_consecutive_slots() {
     let e = engine_with(Box::new(Shared(recorder.clone())), config);
     let options = || RegionOptions::default().folio_size("4K").unwrap();
     let (mut a, mut b) = (e.map(48 * MIB, options()).unwrap(), e.map(48 * MIB, options()).unwrap());
-    let words = 4096 / 8;
     for round in [1u64, 2] {
         let (sa, sb) = (round << 1, (round << 1) | 1);
-        let (wa, wb) = (a.as_mut_slice(), b.as_mut_slice());
-        for page in 0..wa.len() / 4096 {
-            for (w, seed) in [(&mut *wa, sa), (&mut *wb, sb)] {
-                for j in page * words..(page + 1) * words {
-                    w[j * 8..j * 8 + 8].copy_from_slice(&(j as u64 ^ (seed << 40)).to_le_bytes());
-                }
-            }
+        for page in 0..a.len() / 4096 {
+            fill_page(&mut a, page, sa);
+            fill_page(&mut b, page, sb);
+        }
+        if round == 1 {
+            check(&a, sa);
+            check(&b, sb);
         }
     }
     check(&a, 4);
@@ -285,7 +284,8 @@ fn pool_writeback_gives_a_regions_pages_consecutive_slots() {
     // For every slot holding a page of `a`, whether the next slot holds a's next page
     // (of the same round's data).
     let written = recorder.written.lock().unwrap();
-    let page_of = |w: u64| (w >> 40, (w & ((1 << 40) - 1)) / words as u64);
+    // The inverse of `common::word` for a page's first word: (seed, page).
+    let page_of = |w: u64| (w >> 40, (w & ((1 << 40) - 1)) / (4096 / 8));
     let (mut a_pages, mut followed) = (0, 0);
     for (&slot, &w) in written.iter() {
         let (seed, page) = page_of(w);

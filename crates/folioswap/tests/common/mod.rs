@@ -3,10 +3,24 @@
 
 use folioswap::Region;
 
+/// The word `fill(region, seed)` writes at index `j`: the index mixed with the seed.
+pub fn word(j: usize, seed: u64) -> u64 {
+    j as u64 ^ (seed << 40)
+}
+
 /// Write every word of `region` as its index mixed with `seed`.
 pub fn fill(region: &mut Region, seed: u64) {
     for (j, w) in region.as_mut_slice().chunks_mut(8).enumerate() {
-        w.copy_from_slice(&(j as u64 ^ (seed << 40)).to_le_bytes());
+        w.copy_from_slice(&word(j, seed).to_le_bytes());
+    }
+}
+
+/// Write the 4 KiB page `page` of `region` as `fill(region, seed)` would.
+pub fn fill_page(region: &mut Region, page: usize, seed: u64) {
+    let words = 4096 / 8;
+    let bytes = &mut region.as_mut_slice()[page * 4096..(page + 1) * 4096];
+    for (k, w) in bytes.chunks_mut(8).enumerate() {
+        w.copy_from_slice(&word(page * words + k, seed).to_le_bytes());
     }
 }
 
@@ -14,7 +28,7 @@ pub fn fill(region: &mut Region, seed: u64) {
 pub fn check(region: &Region, seed: u64) {
     for (j, w) in region.as_slice().chunks(8).enumerate() {
         let got = u64::from_le_bytes(w.try_into().unwrap());
-        assert_eq!(got, j as u64 ^ (seed << 40), "word {j} of a {} region", region.folio_size());
+        assert_eq!(got, word(j, seed), "word {j} of a {} region", region.folio_size());
     }
 }
 
