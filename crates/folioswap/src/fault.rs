@@ -36,8 +36,9 @@ use crate::gate::{pump_events, read_messages};
 use crate::install::{install_copy, install_slot, install_zero, wake_folio, zero_page, InstallError, Installed};
 use crate::memcg::Component;
 use crate::mm::Mm;
+use crate::ra_cache::RaRequest;
 use crate::ra_window::swapin_whole;
-use crate::readahead::{install_readahead, readahead_after_fault};
+use crate::readahead::{install_readahead, readahead_after_fault, start_readahead, swapin_from_file};
 use crate::release::{release_after_install, release_staged};
 use crate::size::{FolioSize, PAGE_SIZE};
 use crate::stages::{self, Stage};
@@ -92,11 +93,13 @@ impl fmt::Display for FaultError {
 enum Step {
     Done(FolioSize),
     /// A swap-in from the pool or the file (`hit`: from a readahead copy): the folio at
-    /// `head` of the table, the moment for readahead.
+    /// `head` of the table, the moment for readahead. `planned`: a swap-in from the file
+    /// read its window with it (`swapin_from_file`), and these are what it left to read.
     SwappedIn {
         folio: FolioSize,
         head: usize,
         hit: bool,
+        planned: Option<Option<RaRequest>>,
     },
     Retry,
     NotOurs,
@@ -175,7 +178,7 @@ fn handle_fault_timed(mm: &Arc<Mm>, addr: usize) -> FaultOutcome {
                 mm.counters.fault_latency[folio.index()].record(ns);
                 return FaultOutcome::Served;
             }
-            Step::SwappedIn { folio, head, hit } => {
+            Step::SwappedIn { folio, head, hit, planned } => {
                 let ns = start.elapsed().as_nanos() as u64;
                 mm.counters.fault_latency[folio.index()].record(ns);
                 mm.counters.swapin_latency[hit as usize].record(ns);
@@ -184,7 +187,10 @@ fn handle_fault_timed(mm: &Arc<Mm>, addr: usize) -> FaultOutcome {
                     if hit {
                         map_ahead(mm, &entry.table, head, folio);
                     }
-                    readahead_after_fault(mm, &entry.table, head, folio, hit);
+                    match planned {
+                        Some(rest) => rest.into_iter().for_each(|request| start_readahead(mm, request)),
+                        None => readahead_after_fault(mm, &entry.table, head, folio, hit),
+                    }
                 }
                 if !hit {
                     stages::lap(&mm.counters.stages, Stage::SwapinReadahead);
@@ -411,7 +417,14 @@ fn fault_swapin(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSiz
     stages::lap(times, Stage::SwapinStaging);
     // SAFETY: we own the slot until we put it back, and nothing else maps it.
     let dst = unsafe { mm.staging.slice_mut(slot) };
-    if let Err(err) = mm.tiers.load(s.kind(), handle, dst, &mm.counters) {
+    // From the file, an unsplit folio reads its readahead window in the same I/O.
+    let (loaded, planned) = if s.kind() == Kind::Swapped && folio == table.folio {
+        let (loaded, rest) = swapin_from_file(mm, table, target, folio, handle, dst);
+        (loaded, Some(rest))
+    } else {
+        (mm.tiers.load(s.kind(), handle, dst, &mm.counters), None)
+    };
+    if let Err(err) = loaded {
         mm.staging.put_filled(slot, huge, &mm.memcg);
         mm.memcg.uncharge(Component::Resident, bytes);
         return Step::Fail(FaultError::SwapIn { folio, page: target, err });
@@ -431,7 +444,7 @@ fn fault_swapin(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSiz
                 mm.counters.size(folio).swpin_fallback.inc();
             }
             stages::lap(times, Stage::SwapinFinish);
-            Step::SwappedIn { folio, head: target, hit: false }
+            Step::SwappedIn { folio, head: target, hit: false, planned }
         }
         Err(err) => {
             mm.staging.put_filled(slot, huge, &mm.memcg);
@@ -496,7 +509,7 @@ fn fault_ra_hit(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSiz
     match install_readahead(mm, table, target, folio, s) {
         Some(Ok(())) => {
             now_resident(mm, table, target, folio, s.with(CACHED, false), false, true);
-            Step::SwappedIn { folio, head: target, hit: true }
+            Step::SwappedIn { folio, head: target, hit: true, planned: None }
         }
         Some(Err(err)) => failed(FaultError::Install(err)),
         None => {

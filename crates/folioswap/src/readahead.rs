@@ -6,8 +6,11 @@
 //!
 //! The path, in the order it runs:
 //! 1. `readahead_after_fault` (the fault has installed its folio and woken its thread):
-//!    pick the window (`ra_window.rs`) and the candidates in it, then hand them to the
-//!    helper thread (`ra_async`, the default) or read them here;
+//!    pick the window (`ra_window.rs`) and the candidates in it (`plan_readahead`), then
+//!    hand them to the helper thread (`ra_async`, the default) or read them here. A miss
+//!    whose folio is on the swap file plans earlier, before its own read:
+//!    `swapin_from_file` reads the window's neighbours on the file in the same call as
+//!    the fault's folio and leaves only those in the pool for after the wake;
 //! 2. `read_ahead`: lock and stage each candidate without waiting (`prepare_readahead`:
 //!    `try_lock`, charge, a free staging slot, or skip it), decompress the pool's, read
 //!    the file's in slot order with one `preadv` per contiguous run, publish each as
@@ -50,7 +53,7 @@ use crate::ra_window::{per_block, vma_window};
 use crate::size::FolioSize;
 use crate::staging::{Slot, Taken};
 use crate::table::FolioTable;
-use crate::tier::{SwapHandle, Tiers};
+use crate::tier::{LoadError, SwapHandle, Tiers};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -83,9 +86,27 @@ fn wants_readahead(s: State, folio: FolioSize) -> bool {
 /// neighbours to read ahead and read them, here or on the helper. `hit`: the fault
 /// found its folio read ahead.
 pub(crate) fn readahead_after_fault(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, hit: bool) {
+    if let Some(request) = plan_readahead(mm, table, head, folio, hit) {
+        start_readahead(mm, request);
+    }
+}
+
+/// Read a planned request ahead: on the helper thread (`ra_async`) or here.
+pub(crate) fn start_readahead(mm: &Mm, request: RaRequest) {
+    if mm.config.ra_async {
+        mm.ra.enqueue(request);
+    } else {
+        read_ahead(mm, &request);
+    }
+}
+
+/// The neighbours of a swap-in at `head` worth reading ahead, and the region's window
+/// moved on (a miss recomputes it, a hit keeps it): None if there are none, or if a hit
+/// finds less than half of its window left to read.
+fn plan_readahead(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, hit: bool) -> Option<RaRequest> {
     let cluster = mm.config.page_cluster;
     if cluster == 0 || folio.is_huge() {
-        return;
+        return None;
     }
     let max = 1u32 << cluster;
     let pages = folio.pages();
@@ -107,20 +128,20 @@ pub(crate) fn readahead_after_fault(mm: &Mm, table: &Arc<FolioTable>, head: usiz
                 .collect()
         } else {
             if win <= 1 {
-                return;
+                return None;
             }
             let (lo, hi) = vma_window(index, prev, win as usize, nr, per_block(folio));
             (lo..hi).filter(|&i| i != index).map(|i| (table.clone(), i * pages)).collect()
         }
     } else {
-        let Some(log) = &mm.ra.log else { return };
+        let Some(log) = &mm.ra.log else { return None };
         // Slot order: positions on the eviction clock, in folios of this size.
         let clock = table.entry(head).evicted_at();
         let pos = (clock as usize / pages) as u32 as usize;
         let (win, _) = if hit { mm.ra.global.seen(pos) } else { mm.ra.global.miss(pos, max) };
         window = win;
         if win <= 1 {
-            return;
+            return None;
         }
         let span = win as usize * pages;
         let start = (clock as usize) & !(span - 1);
@@ -136,14 +157,9 @@ pub(crate) fn readahead_after_fault(mm: &Mm, table: &Arc<FolioTable>, head: usiz
     // A hit tops the window up only once half of it is consumed, so that the reads go
     // out in runs rather than one folio per fault.
     if folios.is_empty() || (hit && folios.len() * 2 < window as usize) {
-        return;
+        return None;
     }
-    let request = RaRequest { folios, folio, stride: stride_used };
-    if mm.config.ra_async {
-        mm.ra.enqueue(request);
-    } else {
-        read_ahead(mm, &request);
-    }
+    Some(RaRequest { folios, folio, stride: stride_used })
 }
 
 /// Read a request's folios ahead: lock and stage each (skipping busy or unsuitable
@@ -151,39 +167,102 @@ pub(crate) fn readahead_after_fault(mm: &Mm, table: &Arc<FolioTable>, head: usiz
 /// `preadv` per contiguous run, then publish each as CACHED and unlock it.
 fn read_ahead(mm: &Mm, r: &RaRequest) {
     let Some(_active) = mm.reclaim.begin_work(&mm.memcg) else { return };
-    let folio = r.folio;
-    let mut staged: Vec<Prepared> = r.folios.iter().filter_map(|(t, h)| prepare_readahead(mm, t, *h, folio)).collect();
+    let mut staged: Vec<Prepared> = r.folios.iter().filter_map(|(t, h)| prepare_readahead(mm, t, *h, r.folio)).collect();
     if staged.is_empty() {
         return;
     }
+    load_from_pool(mm, &mut staged);
+    // A failed read is for the faults that want these folios to meet and report.
+    let _ = read_from_file(mm, &mut staged, None);
+    publish_copies(mm, staged, r.folio, r.stride);
+}
+
+/// The most a fault's own read carries, its folio included: on this disk a read's time
+/// grows with its length past about 64 KiB (../shared/design/MEASUREMENTS.md: 4 KiB
+/// 52–68 µs, 64 KiB at 0.45 GB/s), and a faulting thread should not wait for more.
+const SWAPIN_READ_MAX: usize = 64 << 10;
+
+/// A swap-in fault of `folio` at `head` (locked by the caller) whose data is on the swap
+/// file, into `dst`: read its window's nearest neighbours on the file in the same I/O
+/// (up to `SWAPIN_READ_MAX` in all), as the kernel's `swap_vma_readahead` plugs the
+/// window's reads with the fault's own and the block layer merges them. A stream that
+/// outruns the helper (or starts) would otherwise pay one read for its own 4 KiB and
+/// another for the window, the second often too late for the next fault. The rest of the
+/// window (farther neighbours, those in the pool) is returned, to be read ahead once the
+/// faulting thread is woken (the plan is made: the caller does not plan again). The
+/// fault's own data is checked as `Tiers::load` checks it; if the combined read fails,
+/// its folio is read alone, so that a neighbour's bad slot never fails this fault.
+pub(crate) fn swapin_from_file(
+    mm: &Mm,
+    table: &Arc<FolioTable>,
+    head: usize,
+    folio: FolioSize,
+    handle: u64,
+    dst: &mut [u8],
+) -> (Result<(), LoadError>, Option<RaRequest>) {
+    let load_alone = |dst: &mut [u8]| mm.tiers.load(Kind::Swapped, handle, dst, &mm.counters);
+    let Some(plan) = plan_readahead(mm, table, head, folio, false) else { return (load_alone(dst), None) };
+    let Some(_active) = mm.reclaim.begin_work(&mm.memcg) else { return (load_alone(dst), None) };
+    let (mut on_file, mut rest): (Vec<_>, Vec<_>) = plan.folios.into_iter().partition(|(t, h)| t.entry(*h).load().kind() == Kind::Swapped);
+    on_file.sort_by_key(|(_, h)| h.abs_diff(head));
+    let carried = (SWAPIN_READ_MAX / folio.bytes()).saturating_sub(1).min(on_file.len());
+    rest.extend(on_file.drain(carried..));
+    let rest = (!rest.is_empty()).then_some(RaRequest { folios: rest, folio, stride: plan.stride });
+    let mut staged: Vec<Prepared> = on_file.iter().filter_map(|(t, h)| prepare_readahead(mm, t, *h, folio)).collect();
+    // A neighbour that went to the pool meanwhile (never expected: the file does not
+    // give folios back) is decompressed as the helper would.
+    load_from_pool(mm, &mut staged);
+    let own = SwapHandle::from_raw(handle);
+    let loaded = match read_from_file(mm, &mut staged, Some((own.slot, &mut *dst))) {
+        Ok(()) => mm.tiers.check(own, dst, &mm.counters),
+        Err(_) => load_alone(dst),
+    };
+    publish_copies(mm, staged, folio, plan.stride);
+    (loaded, rest)
+}
+
+/// Decompress the staged folios that are in the pool.
+fn load_from_pool(mm: &Mm, staged: &mut [Prepared]) {
     for p in staged.iter_mut().filter(|p| p.s.kind() == Kind::Pool) {
         // SAFETY: we own the slot until it is put back, and nothing else maps it.
         let dst = unsafe { mm.staging.slice_mut(p.slot) };
         p.loaded = mm.tiers.load(Kind::Pool, p.handle, dst, &mm.counters).is_ok();
     }
+}
+
+/// Read the staged folios that are on the swap file, and `extra` (a slot and its
+/// buffer: a fault's own folio) with them, in slot order with one `preadv` per
+/// contiguous run; check each staged one. A failed read is counted once and returned.
+fn read_from_file(mm: &Mm, staged: &mut [Prepared], extra: Option<(u64, &mut [u8])>) -> std::io::Result<()> {
     let mut file: Vec<&mut Prepared> = staged.iter_mut().filter(|p| p.s.kind() == Kind::Swapped).collect();
-    if !file.is_empty() {
-        file.sort_by_key(|p| SwapHandle::from_raw(p.handle).slot);
-        let dev = mm.tiers.file.as_ref().expect("a Swapped folio implies a swap file");
-        let mut ios: Vec<(u64, &mut [u8])> = file
-            .iter()
-            // SAFETY: as above: each slot is ours alone until put back.
-            .map(|p| (SwapHandle::from_raw(p.handle).slot, unsafe { mm.staging.slice_mut(p.slot) }))
-            .collect();
-        let read = dev.io.read_batch(&mut ios);
-        drop(ios);
-        match read {
-            Ok(()) => {
-                for p in file.iter_mut() {
-                    // SAFETY: as above.
-                    let data = unsafe { mm.staging.slice_mut(p.slot) };
-                    p.loaded = mm.tiers.check(SwapHandle::from_raw(p.handle), data, &mm.counters).is_ok();
-                }
-            }
-            // The faults that want these folios will meet the error and report it.
-            Err(_) => mm.counters.vm.swap_read_error.inc(),
-        }
+    if file.is_empty() && extra.is_none() {
+        return Ok(());
     }
+    let dev = mm.tiers.file.as_ref().expect("a Swapped folio implies a swap file");
+    let mut ios: Vec<(u64, &mut [u8])> = file
+        .iter()
+        // SAFETY: each slot is ours alone until put back, and nothing else maps it.
+        .map(|p| (SwapHandle::from_raw(p.handle).slot, unsafe { mm.staging.slice_mut(p.slot) }))
+        .chain(extra)
+        .collect();
+    ios.sort_by_key(|(slot, _)| *slot);
+    let read = dev.io.read_batch(&mut ios);
+    drop(ios);
+    if read.is_err() {
+        mm.counters.vm.swap_read_error.inc();
+        return read;
+    }
+    for p in file.iter_mut() {
+        // SAFETY: as above.
+        let data = unsafe { mm.staging.slice_mut(p.slot) };
+        p.loaded = mm.tiers.check(SwapHandle::from_raw(p.handle), data, &mm.counters).is_ok();
+    }
+    Ok(())
+}
+
+/// Publish the staged folios that loaded as CACHED copies and unlock every one; give
+/// back the slot and charge of those that did not.
+fn publish_copies(mm: &Mm, staged: Vec<Prepared>, folio: FolioSize, stride: bool) {
     for p in staged {
         let e = p.table.entry(p.head);
         if !p.loaded {
@@ -197,7 +276,7 @@ fn read_ahead(mm: &Mm, r: &RaRequest) {
         Tiers::count_load(p.s.kind(), folio, &mm.counters);
         mm.counters.vm.swap_ra.inc();
         p.table.ra.swap_ra.inc();
-        if r.stride {
+        if stride {
             mm.counters.vm.swap_ra_stride.inc();
         }
         mm.ra.cache.insert(&p.table, p.head, p.slot, p.huge, folio);

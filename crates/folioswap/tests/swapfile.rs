@@ -215,12 +215,26 @@ fn child_fills_the_swap_file() {
     unreachable!("64M of incompressible data cannot fit 8M of memory, a 1M pool and an 8M file");
 }
 
-/// Records which page (by the first word `fill` wrote in it) each written slot holds.
+/// Records which page (by the first word `fill` wrote in it) each written slot holds,
+/// and the slots each read call asked for.
 struct Recorder {
     file: SwapFile,
     written: std::sync::Mutex<std::collections::HashMap<u64, u64>>,
+    reads: std::sync::Mutex<Vec<Vec<u64>>>,
 }
 impl Recorder {
+    fn new(file: SwapFile) -> Recorder {
+        Recorder { file, written: Default::default(), reads: Default::default() }
+    }
+    fn record_read(&self, slots: Vec<u64>) {
+        self.reads.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(slots);
+    }
+    /// The slot page `page` of the data `fill_page(_, page, seed)` wrote is in, if written.
+    fn slot_of(&self, seed: u64, page: usize) -> Option<u64> {
+        let first = common::word(page * 4096 / 8, seed);
+        let written = self.written.lock().unwrap();
+        written.iter().find(|&(_, &w)| w == first).map(|(&slot, _)| slot)
+    }
     fn record(&self, slot: u64, data: &[u8]) {
         let mut written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         for (i, page) in data.chunks(4096).enumerate() {
@@ -238,9 +252,11 @@ impl SwapIo for Recorder {
         self.file.write_batch(ios)
     }
     fn read_at(&self, slot: u64, dst: &mut [u8]) -> io::Result<()> {
+        self.record_read(vec![slot]);
         self.file.read_at(slot, dst)
     }
     fn read_batch(&self, ios: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        self.record_read(ios.iter().map(|(slot, _)| *slot).collect());
         self.file.read_batch(ios)
     }
     fn slots(&self) -> u64 {
@@ -255,13 +271,59 @@ impl SwapIo for Recorder {
 }
 
 #[test]
+fn a_swapin_from_the_file_reads_its_window_in_the_same_read() {
+    // The pool off: every evicted 4K page goes to the file. Of two adjacent faults, the
+    // second opens a readahead window of two folios (the kernel's __swapin_nr_pages):
+    // its own and the next, read with one call, as the kernel plugs the window's reads
+    // with the fault's; the next page is then a readahead hit that reads nothing.
+    let recorder = Arc::new(Recorder::new(swap_file(256 << 20)));
+    let config = Config::default().memory_high("16M").unwrap().max_pool("0").unwrap();
+    let e = engine_with(Box::new(Shared(recorder.clone())), config);
+    let options = || RegionOptions::default().folio_size("4K").unwrap();
+    let mut a = e.map(48 * MIB, options()).unwrap();
+    fill(&mut a, 1);
+    let mut b = e.map(16 * MIB, options()).unwrap();
+    fill(&mut b, 2);
+    check(&b, 2);
+    // Room under memory_high, so that the readahead copy can be charged.
+    drop(b);
+    let (first, second, third) = (100, 101, 102);
+    let slots: Vec<u64> = [first, second, third]
+        .iter()
+        .map(|&page| recorder.slot_of(1, page).unwrap_or_else(|| panic!("page {page} of a must be on the file")))
+        .collect();
+    let touch = |page: usize| {
+        // SAFETY: the page lies inside the live region `a`, which only this thread uses.
+        let w = unsafe { (a.as_ptr() as *const u64).add(page * 4096 / 8).read_volatile() };
+        assert_eq!(w, common::word(page * 4096 / 8, 1), "page {page}");
+    };
+    let reads_before = recorder.reads.lock().unwrap().len();
+    let hits_before = e.stats().vm.swap_ra_hit;
+    touch(first);
+    touch(second);
+    let reads: Vec<Vec<u64>> = recorder.reads.lock().unwrap()[reads_before..].to_vec();
+    assert_eq!(reads.len(), 2, "two faults, {slots:?} on the file: {reads:?}");
+    assert!(
+        reads[1].contains(&slots[1]) && reads[1].contains(&slots[2]),
+        "the second fault reads its own slot and the next page's in one call: {slots:?}, {reads:?}"
+    );
+    touch(third);
+    // The hit may top the window up (a read of the page after it, on the helper), but
+    // nothing reads the third page's slot again.
+    let later: Vec<Vec<u64>> = recorder.reads.lock().unwrap()[reads_before + 2..].to_vec();
+    assert!(!later.iter().any(|r| r.contains(&slots[2])), "the third page was read ahead: {slots:?}, {later:?}");
+    assert_eq!(e.stats().vm.swap_ra_hit, hits_before + 1);
+    check(&a, 1);
+}
+
+#[test]
 fn pool_writeback_gives_a_regions_pages_consecutive_slots() {
     // Two 4K regions written page by page in turn: their folios enter the LRU, and then
     // the pool, interleaved (a0 b0 a1 b1 ...). Written back one entry at a time, a's
     // pages took every other slot; written back in sorted batches, each region's pages
     // that follow each other in memory follow each other on disk, so that readahead can
     // read them back with one I/O.
-    let recorder = Arc::new(Recorder { file: swap_file(256 << 20), written: Default::default() });
+    let recorder = Arc::new(Recorder::new(swap_file(256 << 20)));
     let config = Config::default().memory_high("16M").unwrap().charge_pool(true);
     let e = engine_with(Box::new(Shared(recorder.clone())), config);
     let options = || RegionOptions::default().folio_size("4K").unwrap();
