@@ -293,8 +293,7 @@ fn a_swapin_from_the_file_reads_its_window_in_the_same_read() {
         .map(|&page| recorder.slot_of(1, page).unwrap_or_else(|| panic!("page {page} of a must be on the file")))
         .collect();
     let touch = |page: usize| {
-        // SAFETY: the page lies inside the live region `a`, which only this thread uses.
-        let w = unsafe { (a.as_ptr() as *const u64).add(page * 4096 / 8).read_volatile() };
+        let w = u64::from_le_bytes(a.as_slice()[page * 4096..][..8].try_into().unwrap());
         assert_eq!(w, common::word(page * 4096 / 8, 1), "page {page}");
     };
     let reads_before = recorder.reads.lock().unwrap().len();
