@@ -287,16 +287,27 @@ fn move_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
 ///    check that every page is mapped (a read of a missing page would fault to this
 ///    engine while the caller holds the folios' locks), and copy it out through the
 ///    kernel (`process_vm_readv`: a page unmapped meanwhile ends the copy short instead
-///    of killing the process).
+///    of killing the process). Count the zap to come on the table (`zapping`), so that a
+///    drop of the region waits for it before it gives the addresses back.
 /// 2. Without the gate (the zap's REMOVE events must be read, under the gate, before the
-///    kernel zaps): `MADV_DONTNEED` the run, with the zap registered in `own_zaps` so
-///    that its events are not taken for the program's.
+///    kernel zaps): write-protect the run once more, then at once `MADV_DONTNEED` it,
+///    with the zap registered in `own_zaps` so that its events are not taken for the
+///    program's. `MADV_DONTNEED` zaps whatever is mapped at an address, and the kernel
+///    lets a program's `munmap` return, and anything be mapped in the hole, once its
+///    UNMAP event is read, which may happen as soon as step 1 lets go of the gate. The
+///    second write-protect is the zap's licence: UFFDIO_WRITEPROTECT fails with ENOENT
+///    where a mapping in the range is not registered for write-protect faults, and with
+///    EAGAIN while an event (an UNMAP) is queued, so its success says the run is still
+///    the region's an instant before the zap. What is left between the two calls is the
+///    window the kernel's own `madvise` has where it drops `mmap_lock` to wait for a
+///    REMOVE event to be read.
 /// 3. A REMOVE of the program's inside the run, read while the zap ran, came after the
 ///    copy: zero those pages in the copy, as the program asked.
 ///
 /// A write that waited on the protection faults again on the zapped page and is served
-/// once the folio is published. Before the zap every failure lifts the protection and
-/// gives the run back untouched.
+/// once the folio is published. Before the zap every failure gives the run back
+/// untouched; its protection is lifted where the kernel still lets us, and a write to a
+/// page left protected lifts it itself (`fault::fill_hole`).
 fn copy_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: usize, dst: usize) -> Result<(), MoveOutError> {
     let len = count * folio.bytes();
     let addr = {
@@ -308,22 +319,8 @@ fn copy_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
             return Err(MoveOutError::TryLater);
         };
         if let Err(err) = mm.uffd.writeprotect(addr, len, true) {
-            // EAGAIN: an event is queued on the region's userfaultfd, and until it is read
-            // no write-protect (so no copy-mode eviction) can succeed: read it now, since
-            // every fault thread may be in direct reclaim waiting for this eviction.
-            // ENOENT/EINVAL: the range changed under us.
-            return match err.errno {
-                libc::EAGAIN => {
-                    drop(gate);
-                    pump_events(mm);
-                    Err(MoveOutError::TryLater)
-                }
-                libc::ENOENT | libc::EINVAL | libc::EFAULT => Err(MoveOutError::TryLater),
-                _ => {
-                    eprintln!("folioswap: write-protecting {len} bytes at {addr:#x} for eviction failed: {err}");
-                    Err(MoveOutError::Failed)
-                }
-            };
+            drop(gate);
+            return Err(protect_failed(mm, addr, len, err.errno));
         }
         // SAFETY: `dst` is staging space this eviction owns, `len` bytes no reference
         // points into.
@@ -333,11 +330,55 @@ fn copy_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
             mm.staging.discard(dst, len);
             return Err(MoveOutError::TryLater);
         }
+        table.zapping.fetch_add(1, Ordering::AcqRel);
         addr
     };
+    let zapped = zap_copied_run(mm, addr, len);
+    if zapped.is_err() {
+        // Still counted in `zapping`: the addresses are still the region's, or given
+        // to nobody yet.
+        let _ = mm.uffd.writeprotect(addr, len, false);
+    }
+    table.zapping.fetch_sub(1, Ordering::AcqRel);
+    let pieces = match zapped {
+        Ok(pieces) => pieces,
+        Err(outcome) => {
+            mm.staging.discard(dst, len);
+            return Err(outcome);
+        }
+    };
+    let mut starts = None;
+    let is_vma_start = |a: usize| starts.get_or_insert_with(vma_starts).contains(&a);
+    for (start, end) in programs_pieces(addr, pieces, is_vma_start) {
+        // SAFETY: inside the staging space this eviction owns; nothing else references it.
+        unsafe { std::ptr::write_bytes((dst + (start - addr)) as *mut u8, 0, end - start) };
+    }
+    Ok(())
+}
+
+/// Tests only (`folioswap::testing::set_before_copy_zap`): called by a copy-mode eviction
+/// with its run's address and length between the copy and the zap, where a test plays a
+/// program thread that changes its mappings at that moment.
+static BEFORE_COPY_ZAP: std::sync::OnceLock<fn(usize, usize)> = std::sync::OnceLock::new();
+
+/// Install the test hook above, once per process; whether this call installed it.
+pub fn set_before_copy_zap(hook: fn(usize, usize)) -> bool {
+    BEFORE_COPY_ZAP.set(hook).is_ok()
+}
+
+/// Step 2 of `copy_out`: zap the copied run `[addr, addr + len)` if it is still the
+/// region's; the REMOVE pieces read while the zap ran.
+fn zap_copied_run(mm: &Mm, addr: usize, len: usize) -> Result<Vec<(usize, usize)>, MoveOutError> {
+    if let Some(hook) = BEFORE_COPY_ZAP.get() {
+        hook(addr, len);
+    }
+    if let Err(err) = mm.uffd.writeprotect(addr, len, true) {
+        return Err(protect_failed(mm, addr, len, err.errno));
+    }
     let ticket = mm.own_zaps.begin(addr, addr + len);
-    // SAFETY: the run is copied out and write-protected: its contents may go. A part
-    // the program unmapped meanwhile (ENOMEM) is skipped by the kernel.
+    // SAFETY: the run is copied out and write-protected, and the write-protect just now
+    // found every mapping in it registered and no event queued: its contents may go. A
+    // part the program unmapped meanwhile (ENOMEM) is skipped.
     let zapped = unsafe { crate::sys::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) } == 0;
     let errno = std::io::Error::last_os_error().raw_os_error();
     // The kernel let the zap go on as soon as its events were read; whoever read them
@@ -348,15 +389,34 @@ fn copy_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
         // The kernel would not zap it (an mlock'ed range, say): pages it kept stay
         // write-protected until a write to one lifts it (`fault::fill_hole`); the copy
         // is what they hold, so the eviction goes on.
-        eprintln!("folioswap: zapping {len} bytes at {addr:#x} after copying them out failed: {}", std::io::Error::last_os_error());
+        eprintln!(
+            "folioswap: zapping {len} bytes at {addr:#x} after copying them out failed: {}",
+            std::io::Error::from_raw_os_error(errno.unwrap_or(0))
+        );
     }
-    let mut starts = None;
-    let is_vma_start = |a: usize| starts.get_or_insert_with(vma_starts).contains(&a);
-    for (start, end) in programs_pieces(addr, pieces, is_vma_start) {
-        // SAFETY: inside the staging space this eviction owns; nothing else references it.
-        unsafe { std::ptr::write_bytes((dst + (start - addr)) as *mut u8, 0, end - start) };
+    Ok(pieces)
+}
+
+/// Write-protecting a run for copy mode's eviction failed with `errno`: what becomes of
+/// the eviction. Called without the gate.
+fn protect_failed(mm: &Mm, addr: usize, len: usize, errno: i32) -> MoveOutError {
+    match errno {
+        // An event is queued on the region's userfaultfd, and until it is read no
+        // write-protect (so no copy-mode eviction) can succeed: read it now, since every
+        // fault thread may be in direct reclaim waiting for this eviction.
+        libc::EAGAIN => {
+            pump_events(mm);
+            MoveOutError::TryLater
+        }
+        // The range changed under us: (part of) it is unmapped, or mapped anew and not
+        // the region's; the UNMAP event will drop the folios.
+        libc::ENOENT | libc::EINVAL | libc::EFAULT => MoveOutError::TryLater,
+        _ => {
+            let err = std::io::Error::from_raw_os_error(errno);
+            eprintln!("folioswap: write-protecting {len} bytes at {addr:#x} for eviction failed: {err}");
+            MoveOutError::Failed
+        }
     }
-    Ok(())
 }
 
 /// Undo the first `done` bytes of a `move_out`.

@@ -79,6 +79,12 @@ mod fork;
 mod kernel_access;
 mod region;
 
+/// Hooks for the crate's own tests, not part of its interface.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::evict::set_before_copy_zap;
+}
+
 pub use config::{Compressor, Config, FaultMode, LruPolicy, SwapFileSpec, SwapinPolicy, ENV_VARS, PRELOAD_VARS};
 pub use engine::{Engine, Quiesced};
 pub use error::{Error, Result};

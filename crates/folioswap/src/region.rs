@@ -188,6 +188,12 @@ fn unmap(mm: &Mm, table: &Arc<FolioTable>) {
         table.dead.store(true, Ordering::SeqCst);
         ADDRESS_MAP.remove_table(table)
     };
+    // A copy-mode eviction that passed the gate before it was taken zaps its run
+    // without it: let it finish before the addresses are given back, or its zap would
+    // land on whatever the process maps there next. It waits for nothing of ours.
+    while table.zapping.load(Ordering::Acquire) > 0 {
+        std::thread::yield_now();
+    }
     for p in &pieces {
         let len = p.pages * PAGE_SIZE;
         // Unregistering first keeps munmap from raising an UNMAP event at ourselves.

@@ -34,6 +34,10 @@ pub(crate) struct FolioTable {
     /// Folios of this table that an eviction moved out and has not yet published (or
     /// dropped): dropping the region waits for them, so that it returns everything.
     pub evicting: AtomicUsize,
+    /// Copy-mode evictions past the gate that have still to zap their run
+    /// (`evict.rs` `copy_out`): dropping the region waits for them before it unmaps, so
+    /// that no zap lands on whatever is mapped at these addresses next.
+    pub zapping: AtomicUsize,
     /// The region's readahead window and counters (`ra_window.rs`).
     pub ra: RegionRa,
     /// A forked child inherits the region (`fork.rs`).
@@ -64,6 +68,7 @@ impl FolioTable {
             pieces: RwLock::new(vec![Piece { page: 0, pages, addr }]),
             dead: AtomicBool::new(false),
             evicting: AtomicUsize::new(0),
+            zapping: AtomicUsize::new(0),
             ra: Default::default(),
             keep_on_fork: false,
             swapin: SwapinPolicy::Always,

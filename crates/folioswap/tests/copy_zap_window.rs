@@ -1,0 +1,89 @@
+//! Copy mode's zap never lands on memory that is no longer the region's.
+//!
+//! A copy-mode eviction copies a run out under the event gate, then zaps it with
+//! `MADV_DONTNEED` without the gate (its REMOVE events must be read meanwhile). A
+//! program thread that unmaps the run in between, and maps something new at the same
+//! address, must keep what it mapped: `MADV_DONTNEED` would zap any mapping there.
+//! The window is opened on purpose: the test hook (`folioswap::testing`) runs on the
+//! evicting thread between the copy and the zap, and plays that program thread. Its own
+//! test binary, since the hook is process-wide.
+
+use folioswap::{Config, Engine, FaultMode, FolioSize, InstallMode, RegionOptions};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+mod common;
+use common::{fill, word};
+
+const MIB: usize = 1 << 20;
+const SENTINEL: u8 = 0xA5;
+
+static REGION_START: AtomicUsize = AtomicUsize::new(0);
+static REGION_END: AtomicUsize = AtomicUsize::new(0);
+/// The sentinel mapping the hook made: address and length (0 until it fired).
+static SENTINEL_AT: AtomicUsize = AtomicUsize::new(0);
+static SENTINEL_LEN: AtomicUsize = AtomicUsize::new(0);
+
+/// The first zap of a run inside the region: unmap the run and map a sentinel there,
+/// as a program thread racing the eviction would.
+fn unmap_and_map_anew(addr: usize, len: usize) {
+    let (start, end) = (REGION_START.load(Ordering::Acquire), REGION_END.load(Ordering::Acquire));
+    if addr < start || addr + len > end || SENTINEL_AT.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return;
+    }
+    // SAFETY: the run lies inside the test's region; the test never touches it again
+    // except through the sentinel mapped below.
+    assert_eq!(unsafe { libc::munmap(addr as *mut libc::c_void, len) }, 0);
+    // SAFETY: a fresh private anonymous mapping at the address just unmapped, which no
+    // other mapping may take (MAP_FIXED_NOREPLACE); the test unmaps it at its end.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(p as usize, addr, "mapping the sentinel: {}", std::io::Error::last_os_error());
+    // SAFETY: the sentinel mapping made above, `len` bytes.
+    unsafe { std::ptr::write_bytes(p as *mut u8, SENTINEL, len) };
+    SENTINEL_LEN.store(len, Ordering::Release);
+}
+
+fn sentinel_intact(at: usize, len: usize) -> bool {
+    // SAFETY: the sentinel mapping, still mapped (the test unmaps it last).
+    let bytes = unsafe { std::slice::from_raw_parts(at as *const u8, len) };
+    bytes.iter().all(|&b| b == SENTINEL)
+}
+
+#[test]
+fn a_run_unmapped_and_mapped_anew_before_its_zap_keeps_the_new_mapping() {
+    assert!(folioswap::testing::set_before_copy_zap(unmap_and_map_anew));
+    let config = Config::default().memory_high("8M").unwrap().fault_mode(FaultMode::Thread).uffd_move(false).no_swap_file();
+    let engine = Engine::new(config).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
+    assert_eq!(engine.install_mode(), InstallMode::Copy);
+    let mut region = engine.map(32 * MIB, RegionOptions::default().folio(FolioSize::K4)).unwrap();
+    let start = region.as_ptr() as usize;
+    REGION_START.store(start, Ordering::Release);
+    REGION_END.store(start + region.len(), Ordering::Release);
+    // Four times memory_high: the fill cannot finish without evicting from the region.
+    fill(&mut region, 7);
+    let at = SENTINEL_AT.load(Ordering::Acquire);
+    assert_ne!(at, 0, "no copy-mode eviction zapped a run of the region: {:?}", engine.stats().vm);
+    let len = SENTINEL_LEN.load(Ordering::Acquire);
+    assert!(len > 0);
+    assert!(sentinel_intact(at, len), "the eviction zapped the sentinel mapped at {at:#x} after the region's run was unmapped");
+    // Every word outside the hole is the region's, swapped out or not.
+    let hole = (at - start) / 8..(at - start + len) / 8;
+    for (j, w) in region.as_slice().chunks(8).enumerate() {
+        if !hole.contains(&j) {
+            assert_eq!(u64::from_le_bytes(w.try_into().unwrap()), word(j, 7), "word {j}");
+        }
+    }
+    // Dropping the region unmaps what is left of it, not the sentinel in its hole.
+    drop(region);
+    assert!(sentinel_intact(at, len), "dropping the region changed the sentinel");
+    // SAFETY: the sentinel mapping made by the hook; nothing refers to it any more.
+    assert_eq!(unsafe { libc::munmap(at as *mut libc::c_void, len) }, 0);
+}
