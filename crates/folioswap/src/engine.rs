@@ -309,7 +309,14 @@ impl Engine {
             let s = mm.clone();
             let run = move || {
                 pin_to_cpu(cpu);
-                f(s)
+                // A panic here would leave the program's faults waiting forever on a
+                // thread that is gone (and poison locks the others need): end the
+                // process instead, after the panic's own message.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(s))).is_err() {
+                    let name = std::thread::current().name().unwrap_or("engine thread").to_string();
+                    eprintln!("folioswap: {name} panicked; the engine cannot serve faults without it, so the process aborts");
+                    std::process::abort();
+                }
             };
             let t = std::thread::Builder::new().name(name).spawn(run).map_err(|e| Error::sys("starting an engine thread", e))?;
             threads.push(t);
