@@ -298,7 +298,8 @@ fn move_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
 ///    second write-protect is the zap's licence: UFFDIO_WRITEPROTECT fails with ENOENT
 ///    where a mapping in the range is not registered for write-protect faults, and with
 ///    EAGAIN while an event (an UNMAP) is queued, so its success says the run is still
-///    the region's an instant before the zap. What is left between the two calls is the
+///    the region's an instant before the zap (after an EAGAIN the queue is read and the
+///    licence asked again, unless the event marked the run). What is left between the two calls is the
 ///    window the kernel's own `madvise` has where it drops `mmap_lock` to wait for a
 ///    REMOVE event to be read.
 /// 3. A REMOVE of the program's inside the run, read while the zap ran, came after the
@@ -333,7 +334,7 @@ fn copy_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
         table.zapping.fetch_add(1, Ordering::AcqRel);
         addr
     };
-    let zapped = zap_copied_run(mm, addr, len);
+    let zapped = zap_copied_run(mm, table, head, folio, count, addr, len);
     if zapped.is_err() {
         // Still counted in `zapping`: the addresses are still the region's, or given
         // to nobody yet.
@@ -366,14 +367,34 @@ pub fn set_before_copy_zap(hook: fn(usize, usize)) -> bool {
     BEFORE_COPY_ZAP.set(hook).is_ok()
 }
 
-/// Step 2 of `copy_out`: zap the copied run `[addr, addr + len)` if it is still the
-/// region's; the REMOVE pieces read while the zap ran.
-fn zap_copied_run(mm: &Mm, addr: usize, len: usize) -> Result<Vec<(usize, usize)>, MoveOutError> {
+/// Step 2 of `copy_out`: zap the copied run of `count` folios at `head`, `[addr, addr +
+/// len)`, if it is still the region's; the REMOVE pieces read while the zap ran.
+fn zap_copied_run(
+    mm: &Mm,
+    table: &FolioTable,
+    head: usize,
+    folio: FolioSize,
+    count: usize,
+    addr: usize,
+    len: usize,
+) -> Result<Vec<(usize, usize)>, MoveOutError> {
     if let Some(hook) = BEFORE_COPY_ZAP.get() {
         hook(addr, len);
     }
-    if let Err(err) = mm.uffd.writeprotect(addr, len, true) {
-        return Err(protect_failed(mm, addr, len, err.errno));
+    loop {
+        match mm.uffd.writeprotect(addr, len, true) {
+            Ok(()) => break,
+            // An event is queued, most often another eviction's own zap (a REMOVE): read
+            // it. Unless it was the program's and marked this run, the copy still holds
+            // (giving it up here cost a sixth of copy mode's 4K random throughput).
+            Err(err) if err.errno == libc::EAGAIN => {
+                pump_events(mm);
+                if (0..count).any(|i| table.entry(head + i * folio.pages()).load().has(PENDING)) {
+                    return Err(MoveOutError::TryLater);
+                }
+            }
+            Err(err) => return Err(protect_failed(mm, addr, len, err.errno)),
+        }
     }
     let ticket = mm.own_zaps.begin(addr, addr + len);
     // SAFETY: the run is copied out and write-protected, and the write-protect just now
