@@ -299,9 +299,9 @@ fn move_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
 ///    where a mapping in the range is not registered for write-protect faults, and with
 ///    EAGAIN while an event (an UNMAP) is queued, so its success says the run is still
 ///    the region's an instant before the zap (after an EAGAIN the queue is read and the
-///    licence asked again, unless the event marked the run). What is left between the two calls is the
-///    window the kernel's own `madvise` has where it drops `mmap_lock` to wait for a
-///    REMOVE event to be read.
+///    licence asked again, unless the event marked the run). What is left between the
+///    two calls is the window the kernel's own `madvise` has where it drops `mmap_lock`
+///    to wait for a REMOVE event to be read.
 /// 3. A REMOVE of the program's inside the run, read while the zap ran, came after the
 ///    copy: zero those pages in the copy, as the program asked.
 ///
