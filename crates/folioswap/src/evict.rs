@@ -238,11 +238,17 @@ fn unlock_run(mm: &Mm, run: Vec<(LruEntry, State)>, requeue: bool) {
     }
 }
 
+/// Whether an event is marked against any of the `count` folios from `head` (then the
+/// eviction leaves them to whoever applies it).
+fn run_has_pending_event(table: &FolioTable, head: usize, folio: FolioSize, count: usize) -> bool {
+    (0..count).any(|i| table.entry(head + i * folio.pages()).load().has(PENDING))
+}
+
 /// MOVE `count` consecutive folios out of their region into staging at `dst`, under the
 /// gate. On failure whatever moved is moved back, so the folios stay whole where they were.
 fn move_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: usize, dst: usize) -> Result<(), MoveOutError> {
     let _gate = mm.gate.read().unwrap();
-    if (0..count).any(|i| table.entry(head + i * folio.pages()).load().has(PENDING)) {
+    if run_has_pending_event(table, head, folio, count) {
         return Err(MoveOutError::TryLater);
     }
     let Some(addr) = table.folio_addr(head, count * folio.pages()) else {
@@ -313,7 +319,7 @@ fn copy_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
     let len = count * folio.bytes();
     let addr = {
         let gate = mm.gate.read().unwrap();
-        if (0..count).any(|i| table.entry(head + i * folio.pages()).load().has(PENDING)) {
+        if run_has_pending_event(table, head, folio, count) {
             return Err(MoveOutError::TryLater);
         }
         let Some(addr) = table.folio_addr(head, count * folio.pages()) else {
@@ -389,7 +395,7 @@ fn zap_copied_run(
             // (giving it up here cost a sixth of copy mode's 4K random throughput).
             Err(err) if err.errno == libc::EAGAIN => {
                 pump_events(mm);
-                if (0..count).any(|i| table.entry(head + i * folio.pages()).load().has(PENDING)) {
+                if run_has_pending_event(table, head, folio, count) {
                     return Err(MoveOutError::TryLater);
                 }
             }
