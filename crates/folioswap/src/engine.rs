@@ -253,9 +253,18 @@ impl Engine {
             features |= uffd::FEATURE_SIGBUS;
         }
         let uffd = Uffd::open(features).map_err(open_error)?;
-        let staging_uffd = Uffd::open(move_feature).map_err(open_error)?;
+        // Move mode: staging on the region's userfaultfd, so that a move out fails while
+        // an UNMAP is unread, emptied through a trash on a second one (`staging.rs`).
+        let (staging_uffd, trash_uffd) = match install {
+            InstallMode::Move => (
+                uffd.try_clone().map_err(|e| Error::sys("duplicating the userfaultfd", e))?,
+                Some(Uffd::open(move_feature).map_err(open_error)?),
+            ),
+            InstallMode::Copy => (Uffd::open(0).map_err(open_error)?, None),
+        };
         let reserve = config.memory_high.map(|m| (m / 32).clamp(4 << 20, 32 << 20)).unwrap_or(32 << 20);
-        let staging = Staging::new(staging_uffd, reserve as usize).map_err(|e| Error::sys("opening /proc/self/pagemap", e))?;
+        let staging =
+            Staging::new(staging_uffd, trash_uffd, reserve as usize).map_err(|e| Error::sys("setting up staging (pagemap, trash)", e))?;
         let max_pool = config.max_pool.resolve(physical_memory());
         // The pool is charged only where what does not fit can leave memory (a swap file);
         // without one, charging it would turn incompressible data into a fault that fails.

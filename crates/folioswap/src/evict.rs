@@ -21,6 +21,7 @@
 //! installed back by UFFDIO_COPY, leaving the slot's pages put.
 
 use crate::config::SwapinPolicy;
+use crate::event_queue::Action;
 use crate::events::{apply_pending_after_publish, apply_pending_locked};
 use crate::folio::{Kind, State, HUGE, PENDING, WANTED, WRITEBACK};
 use crate::gate::pump_events;
@@ -246,8 +247,8 @@ fn run_has_pending_event(table: &FolioTable, head: usize, folio: FolioSize, coun
 
 /// MOVE `count` consecutive folios out of their region into staging at `dst`, under the
 /// gate. On failure whatever moved is moved back, so the folios stay whole where they were.
-fn move_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: usize, dst: usize) -> Result<(), MoveOutError> {
-    let _gate = mm.gate.read().unwrap();
+fn move_out(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, count: usize, dst: usize) -> Result<(), MoveOutError> {
+    let gate = mm.gate.read().unwrap();
     if run_has_pending_event(table, head, folio, count) {
         return Err(MoveOutError::TryLater);
     }
@@ -255,6 +256,9 @@ fn move_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
         return Err(MoveOutError::TryLater);
     };
     let len = count * folio.bytes();
+    if let Some(hook) = BEFORE_MOVE_OUT.get() {
+        hook(addr, len);
+    }
     let mut done = 0;
     // MOVE takes only pages this process owns alone; after a fork they are shared with
     // the child until one of the two writes them (and stay marked shared after the child
@@ -275,11 +279,18 @@ fn move_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
     let Err(halt) = transfer(mm, Transfer::MoveOut, dst, addr, len, &mut done, &mut on_busy) else {
         return Ok(());
     };
-    move_back(mm, addr, dst, halt.done);
+    drop(move_back(mm, table, (head, folio), addr, dst, halt.done, gate));
     match halt.why {
+        // An event is queued (the region's userfaultfd refuses every move until it is
+        // read): read it, since every fault thread may be in direct reclaim waiting for
+        // this eviction.
+        HaltReason::EventQueued => {
+            pump_events(mm);
+            Err(MoveOutError::TryLater)
+        }
         // ENOENT/EINVAL: the program unmapped (part of) the range and the kernel's UNMAP
         // event is not read yet; the event will drop the folio.
-        HaltReason::Busy | HaltReason::Unmapped | HaltReason::EventQueued => Err(MoveOutError::TryLater),
+        HaltReason::Busy | HaltReason::Unmapped => Err(MoveOutError::TryLater),
         HaltReason::Failed(err) => {
             eprintln!("folioswap: evicting {len} bytes at {addr:#x} failed: {err}");
             Err(MoveOutError::Failed)
@@ -361,6 +372,16 @@ fn copy_out(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, count: u
         unsafe { std::ptr::write_bytes((dst + (start - addr)) as *mut u8, 0, end - start) };
     }
     Ok(())
+}
+
+/// Tests only (`folioswap::testing::set_before_move_out`): called by an eviction in move
+/// mode under the gate, with its run's address and length, right before the MOVE, where a
+/// test plays a program thread that unmaps the run and maps something else there.
+static BEFORE_MOVE_OUT: std::sync::OnceLock<fn(usize, usize)> = std::sync::OnceLock::new();
+
+/// Install the test hook above, once per process; whether this call installed it.
+pub fn set_before_move_out(hook: fn(usize, usize)) -> bool {
+    BEFORE_MOVE_OUT.set(hook).is_ok()
 }
 
 /// Tests only (`folioswap::testing::set_before_copy_zap`): called by a copy-mode eviction
@@ -446,11 +467,97 @@ fn protect_failed(mm: &Mm, addr: usize, len: usize, errno: i32) -> MoveOutError 
     }
 }
 
-/// Undo the first `done` bytes of a `move_out`.
-fn move_back(mm: &Mm, addr: usize, dst: usize, done: usize) {
-    if done > 0 {
-        let _ = mm.uffd.move_pages(addr, dst, done, true);
+/// Undo the first `done` bytes of a `move_out` of the run of `folio`s from `head` at
+/// `addr`: move them back from `dst`, under the gate (taken as `gate`, handed back). While
+/// an event is queued the kernel refuses (EAGAIN): then read the queue without the gate,
+/// and leave out the pages an event marked on the run now removes or unmaps, since the
+/// kernel zaps what the program asked as soon as its event is read and a page moved back
+/// after that would bring old data back. What does not go back is emptied from staging.
+fn move_back<'m>(
+    mm: &'m Mm,
+    table: &Arc<FolioTable>,
+    (head, folio): (usize, FolioSize),
+    addr: usize,
+    dst: usize,
+    done: usize,
+    gate: std::sync::RwLockReadGuard<'m, ()>,
+) -> std::sync::RwLockReadGuard<'m, ()> {
+    let pages = done / PAGE_SIZE;
+    // Whether each page is settled: moved back, or to stay out.
+    let mut settled = vec![false; pages];
+    let mut left_out = vec![false; pages];
+    let mut gate = gate;
+    loop {
+        let mut event_queued = false;
+        let mut i = 0;
+        while i < pages && !event_queued {
+            if settled[i] {
+                i += 1;
+                continue;
+            }
+            let j = (i..pages).find(|&j| settled[j]).unwrap_or(pages);
+            let err = match mm.uffd.move_pages(addr + i * PAGE_SIZE, dst + i * PAGE_SIZE, (j - i) * PAGE_SIZE, true) {
+                Ok(()) => {
+                    settled[i..j].iter_mut().for_each(|s| *s = true);
+                    i = j;
+                    continue;
+                }
+                Err(err) => err,
+            };
+            let moved = err.done / PAGE_SIZE;
+            settled[i..i + moved].iter_mut().for_each(|s| *s = true);
+            i += moved;
+            match err.errno {
+                libc::EAGAIN => event_queued = true,
+                libc::EEXIST if mm.staging.moved_anyway(addr + i * PAGE_SIZE, dst + i * PAGE_SIZE) => {
+                    settled[i] = true;
+                    i += 1;
+                }
+                errno => {
+                    // Unmapped meanwhile (its UNMAP event drops the folio), or refused for
+                    // good: the page stays out.
+                    if !matches!(errno, libc::ENOENT | libc::EINVAL | libc::EFAULT) {
+                        let err = std::io::Error::from_raw_os_error(errno);
+                        eprintln!("folioswap: moving page {:#x} back after a failed eviction: {err}", addr + i * PAGE_SIZE);
+                    }
+                    settled[i] = true;
+                    left_out[i] = true;
+                    i += 1;
+                }
+            }
+        }
+        if !event_queued {
+            break;
+        }
+        drop(gate);
+        pump_events(mm);
+        gate = mm.gate.read().unwrap();
+        for f in 0..pages.div_ceil(folio.pages()) {
+            let at = head + f * folio.pages();
+            if !table.entry(at).load().has(PENDING) {
+                continue;
+            }
+            let actions = mm.events.actions(table, at, folio).pages;
+            for (k, a) in actions.into_iter().enumerate() {
+                let p = f * folio.pages() + k;
+                if p < pages && a != Action::Keep && !settled[p] {
+                    settled[p] = true;
+                    left_out[p] = true;
+                }
+            }
+        }
     }
+    let mut p = 0;
+    while p < pages {
+        if !left_out[p] {
+            p += 1;
+            continue;
+        }
+        let q = (p..pages).find(|&q| !left_out[q]).unwrap_or(pages);
+        mm.staging.discard(dst + p * PAGE_SIZE, (q - p) * PAGE_SIZE);
+        p = q;
+    }
+    gate
 }
 
 /// Give this process its own copy of the pages in `[addr, addr + len)` (the kernel's

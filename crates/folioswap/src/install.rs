@@ -9,9 +9,9 @@
 //! - `EBUSY`: the kernel could not take the page now (shared after fork, pinned by
 //!   O_DIRECT, a large folio it cannot split this instant): the caller's `on_busy`
 //!   decides whether to retry (after a yield) or stop.
-//! - `EAGAIN`: into a region, an event is queued on the userfaultfd and unread: stop, so
-//!   that the caller drops the gate and pumps events (`gate::pump_events`). Out of a
-//!   region into staging there is no event to read; it is treated as busy.
+//! - `EAGAIN`: an event is queued on the region's userfaultfd and unread (every transfer
+//!   is issued on it, a move out into staging too: see `staging.rs`): stop, so that the
+//!   caller drops the gate and pumps events (`gate::pump_events`).
 //! - `ENOENT`/`EINVAL`/`EFAULT`: the range is not mapped (any more).
 //!
 //! On top of it, the installs of the fault path and of a put-back ([`install_slot`],
@@ -94,8 +94,8 @@ pub(crate) fn transfer(
         match (errno, how) {
             (libc::EEXIST, Transfer::CopyIn { .. }) => *done += PAGE_SIZE,
             (libc::EEXIST, _) if mm.staging.moved_anyway(dst + *done, src + *done) => *done += PAGE_SIZE,
-            (libc::EAGAIN, Transfer::MoveIn { .. } | Transfer::CopyIn { .. }) => return halt(HaltReason::EventQueued),
-            (libc::EBUSY, _) | (libc::EAGAIN, Transfer::MoveOut) => {
+            (libc::EAGAIN, _) => return halt(HaltReason::EventQueued),
+            (libc::EBUSY, _) => {
                 busy_times = if busy_at == *done { busy_times + 1 } else { 0 };
                 busy_at = *done;
                 if !on_busy(*done, busy_times, errno) {

@@ -82,7 +82,7 @@ mod region;
 /// Hooks for the crate's own tests, not part of its interface.
 #[doc(hidden)]
 pub mod testing {
-    pub use crate::evict::set_before_copy_zap;
+    pub use crate::evict::{set_before_copy_zap, set_before_move_out};
 }
 
 pub use config::{Compressor, Config, FaultMode, LruPolicy, SwapFileSpec, SwapinPolicy, ENV_VARS, PRELOAD_VARS};

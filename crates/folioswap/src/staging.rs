@@ -1,11 +1,23 @@
 //! Staging: where folios live while they are neither mapped nor stored.
 //!
-//! One area per folio size, each a run of naturally aligned slots, registered on the
-//! engine's second userfaultfd in write-protect mode only. That registration makes a slot
-//! a valid `UFFDIO_MOVE` destination (an eviction moves a folio out of its region into a
-//! slot, atomically) while leaving the engine free to read and write slots like ordinary
-//! memory, and keeps its `MADV_DONTNEED`s on staging from raising events. 2 MiB areas are
-//! `MADV_HUGEPAGE`, so a THP moved out stays a THP and one moved in arrives PMD-mapped.
+//! One area per folio size, each a run of naturally aligned slots, registered in
+//! write-protect mode only (the engine reads and writes slots like ordinary memory). In
+//! move mode they are registered on the *region's* userfaultfd, so that a slot is a valid
+//! destination of a `UFFDIO_MOVE` issued there: an eviction moves a folio out of its
+//! region into a slot atomically, and the kernel checks only the destination's
+//! registration and the `mmap_changing` count of the userfaultfd the move is issued on.
+//! Issued on any other userfaultfd, a move out after a program's `munmap` whose UNMAP
+//! event is still unread would take whatever another thread mapped in the hole meanwhile
+//! (the test `move_out_unmap` shows it, and the stress test saw the engine's own heap
+//! zeroed that way); on the region's it fails with EAGAIN until the event is read.
+//!
+//! A `MADV_DONTNEED` on memory registered with the region's userfaultfd would raise a
+//! REMOVE event there and wait until it is read, so in move mode staging is never zapped
+//! in place: [`Staging::empty`] moves the pages into the *trash*, a small area registered
+//! on a second userfaultfd without events, emptied with one `MADV_DONTNEED` each time it
+//! fills. In copy mode (no MOVE) staging is registered on that second userfaultfd and
+//! emptied in place. 2 MiB areas and the trash are `MADV_HUGEPAGE`, so a THP moved out
+//! stays a THP and one moved in arrives PMD-mapped.
 //!
 //! A free slot is either a *hole* (nothing mapped: the only valid MOVE destination) or
 //! *filled* (pages present, possibly zero-page mappings). Evictions take holes and leave
@@ -21,11 +33,11 @@
 //! a VM exit here: 256 separate 4 KiB moves cost 232 shootdowns and 3.2 ms, one 1 MiB
 //! move of the same pages one shootdown and 41 µs. Runs are appended to one *open* batch
 //! slot until it is full (`take_batch_space`), each at pages never used before in it (a
-//! MOVE needs an empty destination), so that emptying it, one MADV_DONTNEED and so one
-//! more shootdown, is paid per 2 MiB evicted rather than per run: with random access a
-//! run is often a single 4 KiB folio. Each member is compressed from its offset; the slot
-//! is emptied once it is closed (full, or `close_open_batch` when memory is short) and
-//! its last member is done.
+//! MOVE needs an empty destination), so that emptying it, one move into the trash (or
+//! MADV_DONTNEED) and so one more shootdown, is paid per 2 MiB evicted rather than per
+//! run: with random access a run is often a single 4 KiB folio. Each member is compressed
+//! from its offset; the slot is emptied once it is closed (full, or `close_open_batch`
+//! when memory is short) and its last member is done.
 
 use crate::memcg::{Component, MemCg};
 use crate::size::{FolioSize, HUGE_SIZE, PAGE_SIZE};
@@ -99,8 +111,25 @@ struct Area {
     available: Condvar,
 }
 
-pub(crate) struct Staging {
+/// Where move mode's emptied staging pages go (module comment): `TRASH_BYTES` of address
+/// space, emptied when full.
+struct Trash {
     uffd: Uffd,
+    base: usize,
+    /// Bytes from `base` holding pages moved in since it was last emptied. Held across
+    /// each move in, so that emptying never meets a move in flight.
+    used: Mutex<usize>,
+}
+
+/// The trash's size: pieces are freed with one `MADV_DONTNEED` once they fill it (a whole
+/// 2 MiB slot at once), so less than this waits there, uncharged.
+const TRASH_BYTES: usize = HUGE_SIZE;
+
+pub(crate) struct Staging {
+    /// The userfaultfd the areas are registered on, and evictions move out through.
+    uffd: Uffd,
+    /// Move mode only: where emptied pages go.
+    trash: Option<Trash>,
     pagemap: PageMap,
     /// Budget for filled slots kept across all areas, and what they hold now.
     reserve_bytes: u64,
@@ -140,9 +169,22 @@ impl Area {
 }
 
 impl Staging {
-    pub fn new(uffd: Uffd, reserve_bytes: usize) -> io::Result<Staging> {
+    /// Staging registered on `uffd`; with `trash_uffd` (move mode, where `uffd` is the
+    /// region's), emptied through a trash registered on that one.
+    pub fn new(uffd: Uffd, trash_uffd: Option<Uffd>, reserve_bytes: usize) -> io::Result<Staging> {
+        let trash = match trash_uffd {
+            Some(trash_uffd) => {
+                let base = crate::sys::map_aligned(TRASH_BYTES, HUGE_SIZE).map_err(io::Error::from_raw_os_error)?;
+                madvise(base, TRASH_BYTES, libc::MADV_HUGEPAGE)?;
+                madvise(base, TRASH_BYTES, libc::MADV_DONTFORK)?;
+                trash_uffd.register(base, TRASH_BYTES, REGISTER_MODE_WP)?;
+                Some(Trash { uffd: trash_uffd, base, used: Mutex::new(0) })
+            }
+            None => None,
+        };
         Ok(Staging {
             uffd,
+            trash,
             pagemap: PageMap::open()?,
             reserve_bytes: reserve_bytes as u64,
             reserved: AtomicU64::new(0),
@@ -151,9 +193,11 @@ impl Staging {
         })
     }
 
-    /// The descriptors this staging area holds: its userfaultfd and pagemap.
-    pub fn raw_fds(&self) -> [std::os::fd::RawFd; 2] {
-        [self.uffd.raw_fd(), self.pagemap.raw_fd()]
+    /// The descriptors this staging area holds: its userfaultfd(s) and pagemap.
+    pub fn raw_fds(&self) -> Vec<std::os::fd::RawFd> {
+        let mut fds = vec![self.uffd.raw_fd(), self.pagemap.raw_fd()];
+        fds.extend(self.trash.as_ref().map(|t| t.uffd.raw_fd()));
+        fds
     }
 
     pub fn uffd(&self) -> &Uffd {
@@ -168,8 +212,12 @@ impl Staging {
         let area = self.map_area(folio)?;
         // Two threads may race to create it; the loser unmaps its copy.
         if let Err(spare) = self.areas[order as usize].set(area) {
+            let len = spare.slot_bytes * slots_for(folio) as usize;
+            // Unregistered first: unmapping memory registered with the region's
+            // userfaultfd would wait for its UNMAP event to be read.
+            let _ = self.uffd.unregister(spare.base, len);
             // SAFETY: `spare` was mapped by map_area and never handed out.
-            unsafe { crate::sys::munmap(spare.base as *mut libc::c_void, spare.slot_bytes * slots_for(folio) as usize) };
+            unsafe { crate::sys::munmap(spare.base as *mut libc::c_void, len) };
         }
         Ok(self.areas[order as usize].get().expect("just set"))
     }
@@ -287,7 +335,7 @@ impl Staging {
         let slot = Slot { order: FolioSize::M2.order(), index };
         let area = self.areas[slot.order as usize].get().expect("mapped");
         area.give_back(slot.index);
-        if madvise(self.addr(slot), area.slot_bytes, libc::MADV_DONTNEED).is_ok() {
+        if self.empty(self.addr(slot), area.slot_bytes).is_ok() {
             area.free.lock().unwrap().holes.push(slot.index);
             area.available.notify_one();
         }
@@ -330,7 +378,7 @@ impl Staging {
                 self.reserved.fetch_sub(area.slot_bytes as u64, Ordering::Relaxed);
                 memcg.uncharge(Component::StagingFree, area.slot_bytes as u64);
                 let slot = Slot { order, index };
-                madvise(self.addr(slot), area.slot_bytes, libc::MADV_DONTNEED)?;
+                self.empty(self.addr(slot), area.slot_bytes)?;
                 return Ok(slot);
             }
             free = area.available.wait(free).unwrap();
@@ -404,7 +452,7 @@ impl Staging {
             area.hand_out(index);
             let slot = Slot { order, index };
             if from_reserve {
-                madvise(self.addr(slot), area.slot_bytes, libc::MADV_DONTNEED)?;
+                self.empty(self.addr(slot), area.slot_bytes)?;
             }
             let huge = self.populate_huge(slot)?;
             return Ok(Taken { slot, from_reserve, huge });
@@ -449,7 +497,7 @@ impl Staging {
             self.reserved.fetch_sub(bytes, Ordering::Relaxed);
         }
         // Emptying can only fail on a kernel error; the slot is then unusable, so leak it.
-        if madvise(self.addr(slot), area.slot_bytes, libc::MADV_DONTNEED).is_ok() {
+        if self.empty(self.addr(slot), area.slot_bytes).is_ok() {
             area.free.lock().unwrap().holes.push(slot.index);
             area.available.notify_one();
         }
@@ -484,7 +532,7 @@ impl Staging {
                 self.reserved.fetch_sub(bytes, Ordering::Relaxed);
                 memcg.uncharge(Component::StagingFree, bytes);
                 released += bytes;
-                if madvise(addr, area.slot_bytes, libc::MADV_DONTNEED).is_ok() {
+                if self.empty(addr, area.slot_bytes).is_ok() {
                     area.free.lock().unwrap().holes.push(index);
                     area.available.notify_one();
                 }
@@ -495,11 +543,57 @@ impl Staging {
 
     /// Empty `[addr, addr + len)` of staging this thread holds (a copy given up).
     pub fn discard(&self, addr: usize, len: usize) {
-        let _ = madvise(addr, len, libc::MADV_DONTNEED);
+        if let Err(err) = self.empty(addr, len) {
+            eprintln!("folioswap: emptying {len} bytes of staging at {addr:#x} failed: {err}");
+        }
     }
 
     /// Empty a slot's pages in `[offset, offset + len)` (used to punch removed pages out).
     pub fn discard_range(&self, slot: Slot, offset: usize, len: usize) -> io::Result<()> {
-        madvise(self.addr(slot) + offset, len, libc::MADV_DONTNEED)
+        self.empty(self.addr(slot) + offset, len)
+    }
+
+    /// Free the pages of `[addr, addr + len)` of staging: zapped in place in copy mode,
+    /// moved into the trash in move mode (module comment), which is emptied whenever the
+    /// next piece would not fit.
+    fn empty(&self, addr: usize, len: usize) -> io::Result<()> {
+        let Some(trash) = &self.trash else {
+            return madvise(addr, len, libc::MADV_DONTNEED);
+        };
+        let mut used = trash.used.lock().unwrap();
+        let mut done = 0;
+        while done < len {
+            let piece = (len - done).min(TRASH_BYTES);
+            // A 2 MiB-aligned destination lets a THP move whole (one PMD, no split).
+            let mut at = used.next_multiple_of(if piece >= HUGE_SIZE { HUGE_SIZE } else { PAGE_SIZE });
+            if at + piece > TRASH_BYTES {
+                madvise(trash.base, TRASH_BYTES, libc::MADV_DONTNEED)?;
+                at = 0;
+            }
+            let (dst, src) = (trash.base + at, addr + done);
+            let mut moved = 0;
+            while moved < piece {
+                match trash.uffd.move_pages(dst + moved, src + moved, piece - moved, false) {
+                    Ok(()) => moved = piece,
+                    Err(err) => {
+                        moved += err.done;
+                        if !(err.errno == libc::EEXIST && self.moved_anyway(dst + moved, src + moved)) {
+                            *used = at + moved;
+                            return Err(io::Error::from_raw_os_error(err.errno));
+                        }
+                        moved += PAGE_SIZE;
+                    }
+                }
+            }
+            *used = at + piece;
+            done += piece;
+            if *used == TRASH_BYTES {
+                // Full: free it now rather than at the next use, so that at most one
+                // slot's worth of small pieces waits there uncharged.
+                madvise(trash.base, TRASH_BYTES, libc::MADV_DONTNEED)?;
+                *used = 0;
+            }
+        }
+        Ok(())
     }
 }

@@ -338,6 +338,12 @@ impl Uffd {
         self.fd.as_raw_fd()
     }
 
+    /// A second descriptor for the same userfaultfd (registrations and ioctls through
+    /// either act on one context).
+    pub fn try_clone(&self) -> io::Result<Uffd> {
+        Ok(Uffd { fd: self.fd.try_clone()?, mode: self.mode })
+    }
+
     /// Whether this descriptor also gets the faults the kernel takes inside system calls.
     pub fn mode(&self) -> UffdMode {
         self.mode
