@@ -2,11 +2,19 @@
 //! what `gate.rs` records when it reads REMOVE/UNMAP/REMAP, and what `events.rs`
 //! consults when it applies them. State only.
 //!
+//! An event stays pending until the walker has applied it over its whole range, which
+//! may take a while (it waits for folios under writeback), but it is applied to each page
+//! *once*: [`EventQueue::take_actions`] records the pages it hands an event's action for,
+//! and neither it nor [`EventQueue::actions`] hands that action again. Applied twice, a
+//! REMOVE would zero data the program wrote after the first time, once the folio had
+//! been swapped back in, written and swapped out again before the walker was done.
+//!
 //! Both mutexes are leaves: nothing else is taken while one is held.
 
 use crate::size::FolioSize;
 use crate::table::FolioTable;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +33,25 @@ pub(crate) struct PendingEvent {
     pub page: usize,
     pub pages: usize,
     pub kind: EventKind,
+    /// One bit per page of the range: the event was applied there (module comment).
+    /// Changed only under `EventQueue::pending`'s lock.
+    applied: Vec<AtomicU64>,
+}
+
+impl PendingEvent {
+    pub fn new(table: Arc<FolioTable>, page: usize, pages: usize, kind: EventKind) -> PendingEvent {
+        PendingEvent { table, page, pages, kind, applied: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect() }
+    }
+
+    fn is_applied(&self, page: usize) -> bool {
+        let i = page - self.page;
+        self.applied[i / 64].load(Ordering::Relaxed) & (1 << (i % 64)) != 0
+    }
+
+    fn set_applied(&self, page: usize) {
+        let i = page - self.page;
+        self.applied[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
+    }
 }
 
 /// What the pending events make of one page.
@@ -68,8 +95,19 @@ impl EventQueue {
         self.pending.lock().unwrap().retain(|e| !Arc::ptr_eq(e, event));
     }
 
-    /// What the pending events make of each page of the folio at `target` of `table`.
+    /// What the pending events not yet applied there make of each page of the folio at
+    /// `target` of `table` (a look only: nothing is recorded).
     pub fn actions(&self, table: &Arc<FolioTable>, target: usize, folio: FolioSize) -> FolioActions {
+        self.fold(table, target, folio, false)
+    }
+
+    /// The same, for the caller (holding the folio's lock) to apply now: each event's
+    /// pages in the folio count as applied from here on.
+    pub fn take_actions(&self, table: &Arc<FolioTable>, target: usize, folio: FolioSize) -> FolioActions {
+        self.fold(table, target, folio, true)
+    }
+
+    fn fold(&self, table: &Arc<FolioTable>, target: usize, folio: FolioSize, take: bool) -> FolioActions {
         let mut actions = FolioActions { pages: vec![Action::Keep; folio.pages()], force_split: false };
         for ev in self.pending.lock().unwrap().iter() {
             if !Arc::ptr_eq(&ev.table, table) {
@@ -77,18 +115,68 @@ impl EventQueue {
             }
             let lo = ev.page.max(target);
             let hi = (ev.page + ev.pages).min(target + folio.pages());
-            if lo >= hi {
-                continue;
-            }
-            for a in &mut actions.pages[lo - target..hi - target] {
+            for p in (lo..hi).filter(|&p| !ev.is_applied(p)) {
+                let a = &mut actions.pages[p - target];
                 match ev.kind {
                     EventKind::Remove if *a == Action::Keep => *a = Action::Zero,
                     EventKind::Unmap => *a = Action::Gone,
                     EventKind::Split => actions.force_split = true,
                     EventKind::Remove => {}
                 }
+                if take {
+                    ev.set_applied(p);
+                }
             }
         }
         actions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> Arc<FolioTable> {
+        Arc::new(FolioTable::new(FolioSize::K64, 64, 0x1000_0000).unwrap())
+    }
+
+    #[test]
+    fn an_event_is_applied_to_a_page_once() {
+        let (q, t) = (EventQueue::default(), table());
+        // A REMOVE over pages 14..18: the end of the first 64K folio, the start of the second.
+        q.push(PendingEvent::new(t.clone(), 14, 4, EventKind::Remove));
+        let look = q.actions(&t, 0, FolioSize::K64).pages;
+        assert_eq!(&look[13..16], &[Action::Keep, Action::Zero, Action::Zero]);
+        assert_eq!(q.take_actions(&t, 0, FolioSize::K64).pages[14..16], [Action::Zero, Action::Zero]);
+        // Not retired yet (the second folio is still to do), but done for the first one:
+        // a folio swapped back in, written and marked again by a later event must not be
+        // zeroed a second time.
+        assert!(q.take_actions(&t, 0, FolioSize::K64).pages.iter().all(|&a| a == Action::Keep));
+        assert!(q.actions(&t, 0, FolioSize::K64).pages.iter().all(|&a| a == Action::Keep));
+        q.push(PendingEvent::new(t.clone(), 3, 1, EventKind::Remove));
+        let later = q.take_actions(&t, 0, FolioSize::K64).pages;
+        let zeroed: Vec<usize> = (0..16).filter(|&i| later[i] == Action::Zero).collect();
+        assert_eq!(zeroed, vec![3]);
+        // The second folio still gets the first event, once.
+        assert_eq!(q.take_actions(&t, 16, FolioSize::K64).pages[..2], [Action::Zero, Action::Zero]);
+        assert!(q.take_actions(&t, 16, FolioSize::K64).pages.iter().all(|&a| a == Action::Keep));
+    }
+
+    #[test]
+    fn a_split_page_takes_what_its_folio_did_not() {
+        let (q, t) = (EventQueue::default(), table());
+        q.push(PendingEvent::new(t.clone(), 0, 16, EventKind::Split));
+        q.push(PendingEvent::new(t.clone(), 5, 2, EventKind::Unmap));
+        let folio = q.take_actions(&t, 0, FolioSize::K64);
+        assert!(folio.force_split);
+        assert_eq!(folio.pages[4..8], [Action::Keep, Action::Gone, Action::Gone, Action::Keep]);
+        // Each page of the split folio, applied on its own later, has nothing left to do,
+        // until a new event comes.
+        for p in 0..16 {
+            let page = q.take_actions(&t, p, FolioSize::K4);
+            assert!(!page.force_split && page.pages == [Action::Keep], "page {p}");
+        }
+        q.push(PendingEvent::new(t.clone(), 6, 1, EventKind::Remove));
+        assert_eq!(q.take_actions(&t, 6, FolioSize::K4).pages, [Action::Zero]);
     }
 }

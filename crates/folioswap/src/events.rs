@@ -145,7 +145,7 @@ pub(crate) fn apply_pending_locked(mm: &Mm, table: &Arc<FolioTable>, target: usi
             return Err(ApplyError::WaitWriteback);
         }
         e.clear_locked(PENDING);
-        let FolioActions { pages: actions, force_split } = mm.events.actions(table, target, folio);
+        let FolioActions { pages: actions, force_split } = mm.events.take_actions(table, target, folio);
         let uniform = actions.iter().all(|&a| a == actions[0]);
         if folio.pages() == 1 || (uniform && !force_split) {
             match actions[0] {
@@ -285,7 +285,7 @@ fn move_split_pages<'m>(
         let gate = mm.gate.read().unwrap();
         if e.load().has(PENDING) {
             e.clear_locked(PENDING);
-            let now = mm.events.actions(table, head, folio);
+            let now = mm.events.take_actions(table, head, folio);
             for (a, n) in actions.iter_mut().zip(now.pages) {
                 if n != Action::Keep {
                     *a = n;

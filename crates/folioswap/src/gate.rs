@@ -134,7 +134,7 @@ fn mark(mm: &Mm, table: &Arc<FolioTable>, page: usize, pages: usize, kind: Event
     if pages == 0 {
         return;
     }
-    mm.events.push(PendingEvent { table: table.clone(), page, pages, kind });
+    mm.events.push(PendingEvent::new(table.clone(), page, pages, kind));
     let folio_pages = table.folio.pages();
     let mut head = table.head_of(page);
     while head < page + pages {
