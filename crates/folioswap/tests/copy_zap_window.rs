@@ -12,10 +12,9 @@ use folioswap::{Config, Engine, FaultMode, FolioSize, InstallMode, RegionOptions
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 mod common;
-use common::{fill, word};
+use common::{check_outside_hole, fill, map_sentinel, sentinel_intact};
 
 const MIB: usize = 1 << 20;
-const SENTINEL: u8 = 0xA5;
 
 static REGION_START: AtomicUsize = AtomicUsize::new(0);
 static REGION_END: AtomicUsize = AtomicUsize::new(0);
@@ -33,28 +32,9 @@ fn unmap_and_map_anew(addr: usize, len: usize) {
     // SAFETY: the run lies inside the test's region; the test never touches it again
     // except through the sentinel mapped below.
     assert_eq!(unsafe { libc::munmap(addr as *mut libc::c_void, len) }, 0);
-    // SAFETY: a fresh private anonymous mapping at the address just unmapped, which no
-    // other mapping may take (MAP_FIXED_NOREPLACE); the test unmaps it at its end.
-    let p = unsafe {
-        libc::mmap(
-            addr as *mut libc::c_void,
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-            -1,
-            0,
-        )
-    };
-    assert_eq!(p as usize, addr, "mapping the sentinel: {}", std::io::Error::last_os_error());
-    // SAFETY: the sentinel mapping made above, `len` bytes.
-    unsafe { std::ptr::write_bytes(p as *mut u8, SENTINEL, len) };
+    // Nothing else may take the hole first: MAP_FIXED_NOREPLACE.
+    map_sentinel(addr, len).unwrap_or_else(|err| panic!("mapping the sentinel: {err}"));
     SENTINEL_LEN.store(len, Ordering::Release);
-}
-
-fn sentinel_intact(at: usize, len: usize) -> bool {
-    // SAFETY: the sentinel mapping, still mapped (the test unmaps it last).
-    let bytes = unsafe { std::slice::from_raw_parts(at as *const u8, len) };
-    bytes.iter().all(|&b| b == SENTINEL)
 }
 
 #[test]
@@ -75,12 +55,7 @@ fn a_run_unmapped_and_mapped_anew_before_its_zap_keeps_the_new_mapping() {
     assert!(len > 0);
     assert!(sentinel_intact(at, len), "the eviction zapped the sentinel mapped at {at:#x} after the region's run was unmapped");
     // Every word outside the hole is the region's, swapped out or not.
-    let hole = (at - start) / 8..(at - start + len) / 8;
-    for (j, w) in region.as_slice().chunks(8).enumerate() {
-        if !hole.contains(&j) {
-            assert_eq!(u64::from_le_bytes(w.try_into().unwrap()), word(j, 7), "word {j}");
-        }
-    }
+    check_outside_hole(&region, at, len, 7);
     // Dropping the region unmaps what is left of it, not the sentinel in its hole.
     drop(region);
     assert!(sentinel_intact(at, len), "dropping the region changed the sentinel");

@@ -20,10 +20,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{fill, word};
+use common::{check_outside_hole, fill, map_sentinel, sentinel_intact};
 
 const MIB: usize = 1 << 20;
-const SENTINEL: u8 = 0x5A;
 
 static REGION_START: AtomicUsize = AtomicUsize::new(0);
 static REGION_END: AtomicUsize = AtomicUsize::new(0);
@@ -49,37 +48,18 @@ fn unmap_and_map_anew(addr: usize, len: usize) {
     });
     *UNMAPPER.lock().unwrap() = Some(unmapper);
     let deadline = Instant::now() + Duration::from_secs(30);
-    let p = loop {
-        // SAFETY: a fresh private anonymous mapping at the address being unmapped; it
-        // fails with EEXIST until the unmap is done (MAP_FIXED_NOREPLACE never replaces
-        // a mapping). The test unmaps it at its end.
-        let p = unsafe {
-            libc::mmap(
-                addr as *mut libc::c_void,
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                -1,
-                0,
-            )
-        };
-        if p as usize == addr {
-            break p;
+    loop {
+        match map_sentinel(addr, len) {
+            Ok(()) => break,
+            // The unmap is not done yet.
+            Err(err) if err.raw_os_error() == Some(libc::EEXIST) => {
+                assert!(Instant::now() < deadline, "the helper thread's munmap did not unmap the run");
+                std::thread::yield_now();
+            }
+            Err(err) => panic!("mapping the sentinel: {err}"),
         }
-        let err = std::io::Error::last_os_error();
-        assert_eq!(err.raw_os_error(), Some(libc::EEXIST), "mapping the sentinel: {err}");
-        assert!(Instant::now() < deadline, "the helper thread's munmap did not unmap the run");
-        std::thread::yield_now();
-    };
-    // SAFETY: the sentinel mapping made above, `len` bytes.
-    unsafe { std::ptr::write_bytes(p as *mut u8, SENTINEL, len) };
+    }
     SENTINEL_LEN.store(len, Ordering::Release);
-}
-
-fn sentinel_intact(at: usize, len: usize) -> bool {
-    // SAFETY: the sentinel mapping, still mapped (the test unmaps it last).
-    let bytes = unsafe { std::slice::from_raw_parts(at as *const u8, len) };
-    bytes.iter().all(|&b| b == SENTINEL)
 }
 
 #[test]
@@ -101,12 +81,7 @@ fn a_run_unmapped_and_mapped_anew_before_its_move_keeps_the_new_mapping() {
     UNMAPPER.lock().unwrap().take().expect("the unmapping thread").join().unwrap();
     assert!(sentinel_intact(at, len), "an eviction moved out the sentinel mapped at {at:#x} after the region's run was unmapped");
     // Every word outside the hole is the region's, swapped out or not.
-    let hole = (at - start) / 8..(at - start + len) / 8;
-    for (j, w) in region.as_slice().chunks(8).enumerate() {
-        if !hole.contains(&j) {
-            assert_eq!(u64::from_le_bytes(w.try_into().unwrap()), word(j, 9), "word {j}");
-        }
-    }
+    check_outside_hole(&region, at, len, 9);
     drop(region);
     assert!(sentinel_intact(at, len), "dropping the region changed the sentinel");
     // SAFETY: the sentinel mapping made by the hook; nothing refers to it any more.

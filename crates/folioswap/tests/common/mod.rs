@@ -158,3 +158,50 @@ pub fn wait_child(pid: libc::pid_t) -> i32 {
     assert!(libc::WIFEXITED(status), "the child died (status {status:#x})");
     libc::WEXITSTATUS(status)
 }
+
+/// The byte a sentinel mapping is filled with.
+pub const SENTINEL: u8 = 0x5A;
+
+/// Map `len` bytes at `addr` with MAP_FIXED_NOREPLACE (never over another mapping) and
+/// fill them with [`SENTINEL`]; the mmap error (EEXIST while something is still mapped
+/// there) otherwise. Unmapped with `munmap` by the caller.
+pub fn map_sentinel(addr: usize, len: usize) -> Result<(), std::io::Error> {
+    // SAFETY: a fresh private anonymous mapping; MAP_FIXED_NOREPLACE fails rather than
+    // replace anything mapped at `addr`.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    assert_eq!(p as usize, addr, "MAP_FIXED_NOREPLACE mapped elsewhere (a kernel before 4.17?)");
+    // SAFETY: the mapping just made, `len` bytes, referenced by nothing else.
+    unsafe { std::ptr::write_bytes(p as *mut u8, SENTINEL, len) };
+    Ok(())
+}
+
+/// Whether the sentinel mapping at `at` still holds [`SENTINEL`] in every byte.
+pub fn sentinel_intact(at: usize, len: usize) -> bool {
+    // SAFETY: the caller's sentinel mapping, still mapped.
+    let bytes = unsafe { std::slice::from_raw_parts(at as *const u8, len) };
+    bytes.iter().all(|&b| b == SENTINEL)
+}
+
+/// Check every word of `region` written by `fill(region, seed)` outside the hole
+/// `[at, at + len)` the test unmapped.
+pub fn check_outside_hole(region: &Region, at: usize, len: usize, seed: u64) {
+    let start = region.as_ptr() as usize;
+    let hole = (at - start) / 8..(at - start + len) / 8;
+    for (j, w) in region.as_slice().chunks(8).enumerate() {
+        if !hole.contains(&j) {
+            assert_eq!(u64::from_le_bytes(w.try_into().unwrap()), word(j, seed), "word {j}");
+        }
+    }
+}
