@@ -467,6 +467,15 @@ fn protect_failed(mm: &Mm, addr: usize, len: usize, errno: i32) -> MoveOutError 
     }
 }
 
+/// What `move_back` has made of one page moved out.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    Undecided,
+    Back,
+    /// Stays out of the region: it is emptied from staging.
+    Out,
+}
+
 /// Undo the first `done` bytes of a `move_out` of the run of `folio`s from `head` at
 /// `addr`: move them back from `dst`, under the gate (taken as `gate`, handed back). While
 /// an event is queued the kernel refuses (EAGAIN): then read the queue without the gate,
@@ -482,82 +491,73 @@ fn move_back<'m>(
     done: usize,
     gate: std::sync::RwLockReadGuard<'m, ()>,
 ) -> std::sync::RwLockReadGuard<'m, ()> {
-    let pages = done / PAGE_SIZE;
-    // Whether each page is settled: moved back, or to stay out.
-    let mut settled = vec![false; pages];
-    let mut left_out = vec![false; pages];
+    let mut fate = vec![Fate::Undecided; done / PAGE_SIZE];
     let mut gate = gate;
-    loop {
-        let mut event_queued = false;
-        let mut i = 0;
-        while i < pages && !event_queued {
-            if settled[i] {
-                i += 1;
-                continue;
-            }
-            let j = (i..pages).find(|&j| settled[j]).unwrap_or(pages);
-            let err = match mm.uffd.move_pages(addr + i * PAGE_SIZE, dst + i * PAGE_SIZE, (j - i) * PAGE_SIZE, true) {
-                Ok(()) => {
-                    settled[i..j].iter_mut().for_each(|s| *s = true);
-                    i = j;
-                    continue;
-                }
-                Err(err) => err,
-            };
-            let moved = err.done / PAGE_SIZE;
-            settled[i..i + moved].iter_mut().for_each(|s| *s = true);
-            i += moved;
-            match err.errno {
-                libc::EAGAIN => event_queued = true,
-                libc::EEXIST if mm.staging.moved_anyway(addr + i * PAGE_SIZE, dst + i * PAGE_SIZE) => {
-                    settled[i] = true;
-                    i += 1;
-                }
-                errno => {
-                    // Unmapped meanwhile (its UNMAP event drops the folio), or refused for
-                    // good: the page stays out.
-                    if !matches!(errno, libc::ENOENT | libc::EINVAL | libc::EFAULT) {
-                        let err = std::io::Error::from_raw_os_error(errno);
-                        eprintln!("folioswap: moving page {:#x} back after a failed eviction: {err}", addr + i * PAGE_SIZE);
-                    }
-                    settled[i] = true;
-                    left_out[i] = true;
-                    i += 1;
-                }
-            }
-        }
-        if !event_queued {
-            break;
-        }
+    while move_undecided_back(mm, addr, dst, &mut fate) {
         drop(gate);
         pump_events(mm);
         gate = mm.gate.read().unwrap();
-        for f in 0..pages.div_ceil(folio.pages()) {
+        for f in 0..fate.len().div_ceil(folio.pages()) {
             let at = head + f * folio.pages();
             if !table.entry(at).load().has(PENDING) {
                 continue;
             }
             let actions = mm.events.actions(table, at, folio).pages;
-            for (k, a) in actions.into_iter().enumerate() {
-                let p = f * folio.pages() + k;
-                if p < pages && a != Action::Keep && !settled[p] {
-                    settled[p] = true;
-                    left_out[p] = true;
+            for (page, action) in (f * folio.pages()..fate.len()).zip(actions) {
+                if action != Action::Keep && fate[page] == Fate::Undecided {
+                    fate[page] = Fate::Out;
                 }
             }
         }
     }
+    for (start, end) in runs_of(&fate, Fate::Out) {
+        mm.staging.discard(dst + start * PAGE_SIZE, (end - start) * PAGE_SIZE);
+    }
+    gate
+}
+
+/// Move the undecided pages of `fate` back from `dst` to `addr`, deciding each; whether an
+/// event queued stopped it (then some may still be undecided). A page the kernel will not
+/// take back (unmapped meanwhile: its UNMAP event drops the folio) stays out.
+fn move_undecided_back(mm: &Mm, addr: usize, dst: usize, fate: &mut [Fate]) -> bool {
+    for (start, end) in runs_of(fate, Fate::Undecided) {
+        let (at, from, len) = (addr + start * PAGE_SIZE, dst + start * PAGE_SIZE, (end - start) * PAGE_SIZE);
+        let mut done = 0;
+        loop {
+            let first = start + done / PAGE_SIZE;
+            let result = transfer(mm, Transfer::MoveIn { wake: true }, at, from, len, &mut done, &mut |_, _, _| false);
+            let page = start + done / PAGE_SIZE;
+            fate[first..page.min(end)].fill(Fate::Back);
+            let Err(halt) = result else { break };
+            match halt.why {
+                HaltReason::EventQueued => return true,
+                HaltReason::Unmapped => {}
+                why => eprintln!("folioswap: moving page {:#x} back after a failed eviction: {why:?}", addr + page * PAGE_SIZE),
+            }
+            fate[page] = Fate::Out;
+            done += PAGE_SIZE;
+            if done >= len {
+                break;
+            }
+        }
+    }
+    false
+}
+
+/// The runs `[start, end)` of consecutive pages whose fate is `which`.
+fn runs_of(fate: &[Fate], which: Fate) -> Vec<(usize, usize)> {
+    let mut runs = Vec::new();
     let mut p = 0;
-    while p < pages {
-        if !left_out[p] {
+    while p < fate.len() {
+        if fate[p] != which {
             p += 1;
             continue;
         }
-        let q = (p..pages).find(|&q| !left_out[q]).unwrap_or(pages);
-        mm.staging.discard(dst + p * PAGE_SIZE, (q - p) * PAGE_SIZE);
-        p = q;
+        let end = (p..fate.len()).find(|&q| fate[q] != which).unwrap_or(fate.len());
+        runs.push((p, end));
+        p = end;
     }
-    gate
+    runs
 }
 
 /// Give this process its own copy of the pages in `[addr, addr + len)` (the kernel's
@@ -771,6 +771,15 @@ fn put_back(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, at:
 mod tests {
     use super::*;
     use crate::{Config, Engine, RegionOptions};
+
+    #[test]
+    fn runs_of_finds_each_run_once() {
+        use Fate::{Back, Out, Undecided};
+        let fate = [Out, Out, Back, Undecided, Out, Back, Back, Out];
+        assert_eq!(runs_of(&fate, Out), vec![(0, 2), (4, 5), (7, 8)]);
+        assert_eq!(runs_of(&fate, Undecided), vec![(3, 4)]);
+        assert!(runs_of(&[], Back).is_empty());
+    }
 
     /// A folio the pool cannot take is put back where it was, whole: never dropped.
     #[test]

@@ -41,7 +41,8 @@ pub(crate) enum Transfer {
     MoveIn { wake: bool },
     /// UFFDIO_COPY into a region; `wake` wakes threads waiting there.
     CopyIn { wake: bool },
-    /// UFFDIO_MOVE of a region's pages out into a staging slot (eviction).
+    /// UFFDIO_MOVE of a region's pages out into a staging slot (eviction), issued on the
+    /// region's userfaultfd like the others (`staging.rs` says why).
     MoveOut,
 }
 
@@ -82,7 +83,7 @@ pub(crate) fn transfer(
         let result = match how {
             Transfer::MoveIn { wake } => mm.uffd.move_pages(d, s, n, wake),
             Transfer::CopyIn { wake } => mm.uffd.copy(d, s as *const u8, n, wake),
-            Transfer::MoveOut => mm.staging.uffd().move_pages(d, s, n, false),
+            Transfer::MoveOut => mm.uffd.move_pages(d, s, n, false),
         };
         let Err(err) = result else {
             *done = len;

@@ -126,7 +126,8 @@ struct Trash {
 const TRASH_BYTES: usize = HUGE_SIZE;
 
 pub(crate) struct Staging {
-    /// The userfaultfd the areas are registered on, and evictions move out through.
+    /// The userfaultfd the areas are registered on (in move mode a second descriptor of
+    /// the region's).
     uffd: Uffd,
     /// Move mode only: where emptied pages go.
     trash: Option<Trash>,
@@ -198,10 +199,6 @@ impl Staging {
         let mut fds = vec![self.uffd.raw_fd(), self.pagemap.raw_fd()];
         fds.extend(self.trash.as_ref().map(|t| t.uffd.raw_fd()));
         fds
-    }
-
-    pub fn uffd(&self) -> &Uffd {
-        &self.uffd
     }
 
     fn area(&self, order: u32) -> io::Result<&Area> {
