@@ -1,7 +1,8 @@
 //! One eviction (the kernel's `shrink_folio_list`), top to bottom:
 //! 1. **pick** the coldest evictable folio off the LRU, locked (`pick_victim`);
-//! 2. **batch** (folios under 2 MiB): the LRU entries right behind it that continue it in
-//!    the address space join it (`extend_batch`), up to 2 MiB;
+//! 2. **batch** (folios under 2 MiB): the folios that continue it in the address space,
+//!    found among the 32 coldest LRU entries behind it, join it (`extend_batch`), up to
+//!    2 MiB;
 //! 3. **move out** the run with one UFFDIO_MOVE into a staging hole (`move_out`): atomic,
 //!    from that instant an access faults and waits on the folio lock (copy mode, without
 //!    UFFDIO_MOVE: write-protect, copy out, zap, `copy_out`); then mark each member
@@ -198,7 +199,7 @@ fn pick_victim(mm: &Mm) -> Result<(LruEntry, State), Reclaimed> {
     Err(if busy { Reclaimed::Busy } else { Reclaimed::Nothing })
 }
 
-/// Add to `run` the LRU candidates that follow it in the address space.
+/// Add to `run` the LRU candidates near the head that follow it in the address space.
 fn extend_batch(mm: &Mm, run: &mut Vec<(LruEntry, State)>, folio: FolioSize) {
     let max = HUGE_SIZE / folio.bytes();
     while run.len() < max {
@@ -206,7 +207,7 @@ fn extend_batch(mm: &Mm, run: &mut Vec<(LruEntry, State)>, folio: FolioSize) {
             let last = &run.last().expect("nonempty").0;
             (last.table.clone(), last.page + folio.pages(), last.order)
         };
-        let Some(v) = mm.lru.pop_next_if(|c| Arc::ptr_eq(&c.table, &table) && c.page == next && c.order == order) else {
+        let Some(v) = mm.lru.pop_near_front_if(|c| Arc::ptr_eq(&c.table, &table) && c.page == next && c.order == order) else {
             break;
         };
         let e = v.table.entry(v.page);

@@ -60,6 +60,13 @@ impl Lists {
     }
 }
 
+/// How far past the head an eviction batch looks for the folios that continue it: the
+/// kernel isolates `SWAP_CLUSTER_MAX` (32) folios off the LRU for one reclaim pass, and any
+/// of them may go first. Two threads that stream through memory interleave their folios
+/// on the LRU (A0 B0 A1 B1 …), so looking only at the head ended every run after one
+/// folio and paid one MOVE and one TLB shootdown per 4 KiB.
+const BATCH_LOOKAHEAD: usize = 32;
+
 #[derive(Default)]
 pub(crate) struct Lru {
     /// A leaf lock: nothing else is taken while it is held.
@@ -96,14 +103,12 @@ impl Lru {
         lists.inactive.pop_front().or_else(|| lists.active.pop_front())
     }
 
-    /// Pop the next candidate only if it satisfies `pred` (extending an eviction batch).
-    pub fn pop_next_if(&self, pred: impl Fn(&LruEntry) -> bool) -> Option<LruEntry> {
+    /// Pop the coldest of the next `BATCH_LOOKAHEAD` candidates that satisfies `pred`
+    /// (extending an eviction batch), if any does.
+    pub fn pop_near_front_if(&self, pred: impl Fn(&LruEntry) -> bool) -> Option<LruEntry> {
         let mut lists = self.lists.lock().unwrap();
-        if lists.inactive.front().is_some_and(&pred) {
-            lists.inactive.pop_front()
-        } else {
-            None
-        }
+        let at = lists.inactive.iter().take(BATCH_LOOKAHEAD).position(pred)?;
+        lists.inactive.remove(at)
     }
 
     pub fn len(&self) -> usize {
@@ -139,5 +144,30 @@ mod tests {
         assert_eq!(order.len(), 7);
         assert_eq!(order[0], 0, "the oldest active folio goes first: {order:?}");
         assert!(order.iter().position(|&p| p == 10).unwrap() >= 2, "{order:?}");
+    }
+
+    #[test]
+    fn a_batch_finds_its_stream_among_another_streams_folios() {
+        let a = Arc::new(FolioTable::new(FolioSize::K4, 64, 0x1000_0000).unwrap());
+        let b = Arc::new(FolioTable::new(FolioSize::K4, 64, 0x2000_0000).unwrap());
+        let lru = Lru::default();
+        // Two streams interleaved on the LRU, as two threads writing in order leave them.
+        for page in 0..64 {
+            lru.push(a.clone(), page, FolioSize::K4, 0, false);
+            lru.push(b.clone(), page, FolioSize::K4, 0, false);
+        }
+        let first = lru.pop().unwrap();
+        assert!(Arc::ptr_eq(&first.table, &a) && first.page == 0);
+        let mut run = vec![first.page];
+        while let Some(next) = lru.pop_near_front_if(|c| Arc::ptr_eq(&c.table, &a) && c.page == run.last().unwrap() + 1) {
+            run.push(next.page);
+        }
+        // A(k) sits behind B(0..k): found while k is within the lookahead.
+        assert_eq!(run, (0..BATCH_LOOKAHEAD).collect::<Vec<_>>());
+        // What the run passed over is still there, coldest first.
+        let rest: Vec<(bool, usize)> = std::iter::from_fn(|| lru.pop()).map(|e| (Arc::ptr_eq(&e.table, &a), e.page)).collect();
+        assert_eq!(rest.len(), 128 - BATCH_LOOKAHEAD);
+        assert_eq!(&rest[..3], &[(false, 0), (false, 1), (false, 2)]);
+        assert!(lru.pop_near_front_if(|_| true).is_none());
     }
 }
