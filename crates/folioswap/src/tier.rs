@@ -406,14 +406,14 @@ impl Tiers {
     }
 
     /// Queue 4 KiB folios that follow each other in their region (a writeback batch's),
-    /// `pages` back to back, for one aligned run of slots (their count a power of two), so
+    /// `pages` back to back, for one run of consecutive slots (`SwapDevice::alloc_run`), so
     /// that readahead reads them back with one I/O; each slot is still freed on its own.
     /// `None` when the allocator has no such run: write them one by one.
     pub fn write_run_to_file<'a>(&self, pages: &'a [u8], batch: &mut WriteBatch<'a>) -> Option<Vec<Placed>> {
         let count = pages.len() / PAGE_SIZE;
-        debug_assert!(count.is_power_of_two() && pages.len().is_multiple_of(PAGE_SIZE));
+        debug_assert!(pages.len().is_multiple_of(PAGE_SIZE));
         let dev = self.file.as_ref()?;
-        let first = dev.alloc(count.trailing_zeros())?;
+        let first = dev.alloc_run(count)?;
         let ios: WriteBatch<'a> = (first..).zip(pages.chunks(PAGE_SIZE)).collect();
         let placed = place_pages(dev, &ios);
         batch.extend(ios);

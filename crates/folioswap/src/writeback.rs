@@ -223,13 +223,11 @@ fn write_taken(mm: &Mm, taken: &[Taken], buf: &mut [u8]) -> Vec<Result<Vec<Place
     let mut file_full = false;
     let mut i = 0;
     while i < taken.len() {
-        // 4 KiB folios that follow each other in one region share a run of slots: the
-        // longest power of two of them that starts here.
+        // 4 KiB folios that follow each other in one region share a run of slots.
         let mut len = 1;
         while loaded[i] && taken[i].folio.order() == 0 && i + len < taken.len() && follows(i + len) {
             len += 1;
         }
-        let len: usize = 1 << len.ilog2();
         if len > 1 && !file_full {
             let start = batch.len();
             let run = &buf[taken[i].at.start..taken[i + len - 1].at.end];

@@ -167,6 +167,29 @@ impl SwapDevice {
         self.map.alloc(order)
     }
 
+    /// A run of `count` consecutive slots (1 to 512), for that many 4 KiB folios written
+    /// together: an aligned run of the next power of two, whose tail is given back at once
+    /// (never written, so there is nothing to discard). A writeback run of 24 pages then
+    /// takes one place on the file, and readahead reads it back with one I/O, where runs
+    /// of 16 and 8 would go wherever their orders' clusters are.
+    pub fn alloc_run(&self, count: usize) -> Option<u64> {
+        assert!((1..=cluster::SLOTS_PER_CLUSTER as usize).contains(&count), "a run of {count} slots");
+        let order = count.next_power_of_two().trailing_zeros();
+        let first = self.alloc(order)?;
+        let size = 1u64 << order;
+        let mut pos = count as u64;
+        while pos < size {
+            // The largest aligned part that starts at `pos` and stays in the run.
+            let mut part = pos.trailing_zeros();
+            while pos + (1 << part) > size {
+                part -= 1;
+            }
+            self.map.free(first + pos, part);
+            pos += 1 << part;
+        }
+        Some(first)
+    }
+
     /// Return a run; order-0 slots go to the thread's cache, which gives them back in batches.
     pub fn free(&self, slot: u64, order: u32) {
         self.io.discard(slot, 1 << order);
@@ -199,6 +222,40 @@ impl SwapDevice {
             on_demand: self.on_demand,
             disk_full: self.disk_full.load(Ordering::Relaxed),
             io: self.io.stats(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device() -> SwapDevice {
+        let dir = std::env::temp_dir();
+        let file = io::SwapFile::create_sparse(&dir, 4 * cluster::CLUSTER_SIZE).expect("a sparse swap file in the temp directory");
+        SwapDevice::new(Box::new(file), 0, false)
+    }
+
+    #[test]
+    fn a_run_takes_exactly_its_slots_and_gives_the_tail_back() {
+        let dev = device();
+        for count in [1usize, 2, 3, 5, 24, 31, 33, 100, 511, 512] {
+            let first = dev.alloc_run(count).expect("room for the run");
+            let aligned = count.next_power_of_two() as u64;
+            assert_eq!(first % aligned, 0, "{count}: an aligned run");
+            assert_eq!(dev.map.used_slots(), count as u64, "{count}: only the run's slots are used");
+            // The tail is free: freeing its first slot again is refused (the map panics,
+            // changing nothing). The count above covers the rest of it.
+            if aligned > count as u64 {
+                let tail = first + count as u64;
+                let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dev.map.free(tail, 0))).is_err();
+                assert!(refused, "{count}: tail slot {tail} was left allocated");
+            }
+            // Each slot of the run is freed on its own, as each 4 KiB folio's is.
+            for slot in first..first + count as u64 {
+                dev.free(slot, 0);
+            }
+            assert_eq!(dev.map.used_slots(), 0, "{count}");
         }
     }
 }
