@@ -28,7 +28,7 @@
 //! internal locks (documented there), never held across a call into this file.
 
 use crate::config::Config;
-use crate::folio::Kind;
+use crate::folio::{Kind, LOCKED};
 use crate::memcg::MemCg;
 use crate::reclaim_ctl::ReclaimCtl;
 use crate::size::{FolioSize, PAGE_SIZE};
@@ -175,15 +175,19 @@ pub(crate) struct PoolLru {
 impl PoolLru {
     fn push(&self, table: &Arc<FolioTable>, page: usize, folio: FolioSize, gen: u16, live_entries: u64) {
         let mut entries = self.entries.lock().unwrap();
-        entries.push_back(PoolLruEntry { table: table.clone(), page, order: folio.order() as u8, gen });
         // Entries that were loaded stay queued until writeback passes them; keep the
-        // queue within a small multiple of what the pool holds.
-        if entries.len() as u64 > 2 * live_entries + 1024 {
+        // queue within a small multiple of what the pool holds. An entry is pushed while
+        // its folio is being published, locked and not yet Pool: this one, pushed after
+        // the sweep, and others' (kept while locked). Sweeping them too left their pool
+        // objects where no writeback could find them: at an 8M limit with the pool
+        // charged, such orphans filled memory_high and a fault failed.
+        if entries.len() as u64 >= 2 * live_entries + 1024 {
             entries.retain(|e| {
                 let s = e.table.entry(e.page).load();
-                !e.table.dead.load(Ordering::Relaxed) && s.kind() == Kind::Pool && s.gen() == e.gen
+                !e.table.dead.load(Ordering::Relaxed) && (s.has(LOCKED) || (s.kind() == Kind::Pool && s.gen() == e.gen))
             });
         }
+        entries.push_back(PoolLruEntry { table: table.clone(), page, order: folio.order() as u8, gen });
     }
     pub fn pop(&self) -> Option<PoolLruEntry> {
         self.entries.lock().unwrap().pop_front()
