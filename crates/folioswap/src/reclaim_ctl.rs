@@ -16,7 +16,8 @@ pub(crate) struct ReclaimCtl {
     sleeping: AtomicUsize,
     progress: Mutex<u64>,
     progress_cv: Condvar,
-    /// Folios moved out and not yet published (being compressed or written now).
+    /// Folios moved out and not yet published (being compressed or written now), and pool
+    /// entries taken for writeback and not yet published to the file or put back.
     inflight: AtomicU64,
     /// Faults holding a charge for a folio they have not yet installed: what a fault that
     /// finds memory_high full may wait for (`charge::reserve`).
@@ -92,6 +93,12 @@ impl ReclaimCtl {
     /// One of them is published (or given back): wake whoever waits for progress.
     pub fn end_store(&self) {
         self.inflight.fetch_sub(1, Ordering::AcqRel);
+        self.notify_progress();
+    }
+
+    /// `n` of them are published or given back at once.
+    pub fn end_stores(&self, n: usize) {
+        self.inflight.fetch_sub(n as u64, Ordering::AcqRel);
         self.notify_progress();
     }
 

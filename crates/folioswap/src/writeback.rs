@@ -99,6 +99,12 @@ pub(crate) fn writeback_batch(mm: &Mm, max: usize) -> usize {
     if taken.is_empty() {
         return 0;
     }
+    // Off the pool's LRU and locked, these entries are memory that is leaving: a fault
+    // that finds memory_high full waits for them (`charge::reserve`) rather than fail
+    // because no writeback of its own found anything to take (at an 8M limit with the
+    // pool charged, the pool's last entries were all in other threads' writebacks).
+    let count = taken.len();
+    mm.reclaim.begin_store(count);
     taken.sort_by_key(|t| (Arc::as_ptr(&t.v.table) as usize, t.v.page));
     let mut offset = 0;
     for t in &mut taken {
@@ -124,6 +130,7 @@ pub(crate) fn writeback_batch(mm: &Mm, max: usize) -> usize {
             t.v.table.entry(t.v.page).unlock();
             lru.push_front(t.v);
         }
+        mm.reclaim.end_stores(count);
         return 0;
     };
     let mut written = 0;
@@ -149,6 +156,7 @@ pub(crate) fn writeback_batch(mm: &Mm, max: usize) -> usize {
     for v in kept.into_iter().rev() {
         lru.push_front(v);
     }
+    mm.reclaim.end_stores(count);
     written
 }
 
