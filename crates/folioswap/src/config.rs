@@ -277,10 +277,12 @@ pub struct Config {
     /// order (eviction order), the kernel's older cluster readahead.
     pub vma_ra_enabled: bool,
     /// Readahead window cap as a power of two of folios (the kernel's `page-cluster`);
-    /// 0 turns readahead off. 5, not the kernel's 3: the window only opens for a stream
-    /// (no hits, no window), and for a stream 32 folios per window cut the swap file's
-    /// reads to a third and sped 4 KiB sequential swapping up by a quarter (BENCHMARKS.md,
-    /// "A miss on the file reads its window with it").
+    /// 0 turns readahead off. 7, not the kernel's 3: the window only opens for a stream
+    /// (no hits, no window), and for a stream a longer window reads the swap file in fewer,
+    /// longer reads: 32 folios sped 4 KiB sequential swapping up by a quarter over 8
+    /// (BENCHMARKS.md, "A miss on the file reads its window with it"), 128 by a sixth over
+    /// 32 once writeback runs lay a stream's pages end to end ("Eviction batches that look
+    /// past the LRU head"). Folios of 64 KiB and up stop at the 2 MiB block either way.
     pub page_cluster: u32,
     /// Also detect a constant stride between a region's faults (a majority vote over its
     /// recent fault deltas) and read ahead along it.
@@ -333,7 +335,7 @@ impl Default for Config {
             min_compression_ratio: 1.0,
             slot_cache: 64,
             vma_ra_enabled: true,
-            page_cluster: 5,
+            page_cluster: 7,
             ra_stride: false,
             ra_async: true,
             shared_limit: None,

@@ -184,12 +184,11 @@ fn handle_fault_timed(mm: &Arc<Mm>, addr: usize) -> FaultOutcome {
                 mm.counters.swapin_latency[hit as usize].record(ns);
                 // A split folio's pages are not read ahead: the window is in folios.
                 if folio == entry.table.folio {
-                    if hit {
-                        map_ahead(mm, &entry.table, head, folio);
-                    }
+                    // The window moves on from the last copy mapped, as if it had faulted.
+                    let last = if hit { map_ahead(mm, &entry.table, head, folio) } else { head };
                     match planned {
                         Some(rest) => rest.into_iter().for_each(|request| start_readahead(mm, request)),
-                        None => readahead_after_fault(mm, &entry.table, head, folio, hit),
+                        None => readahead_after_fault(mm, &entry.table, last, folio, hit),
                     }
                 }
                 if !hit {
@@ -523,20 +522,27 @@ fn fault_ra_hit(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSiz
 /// After a readahead hit, map the copies that follow it in the stream too, so that the
 /// stream's next accesses find them mapped instead of each taking a fault: the kernel's
 /// minor fault on a swap cache page costs about a microsecond, ours a round trip through
-/// the userfaultfd. At most the region's readahead window, only copies whose lock is free
-/// (never waiting), forward from the hit or, where the folio before it is cached, back.
+/// the userfaultfd. Only copies whose lock is free (never waiting), forward from the hit
+/// or, where the folio before it is cached, back; each counts as a fault for the window's
+/// placement (the kernel's swap cache hits update its readahead state too). Returns the
+/// head of the last folio mapped (`head` if none), where the window moves on from.
+///
+/// At most half the window: the copies left cached are the stream's lead while the next
+/// reads go out. Mapping the whole window left none, and the fault after it waited for a
+/// read issued at that instant (BENCHMARKS.md, "Mapping ahead half the window").
 /// Only 4 KiB folios: a larger folio's fault is already shared by its pages, and mapping
 /// 64 KiB ahead made the stream wait on the copy instead (BENCHMARKS.md, "Mapping
 /// readahead copies ahead").
-fn map_ahead(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize) {
+fn map_ahead(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize) -> usize {
     if folio != FolioSize::K4 {
-        return;
+        return head;
     }
     let pages = folio.pages();
     let window = table.ra.state.load().win as usize;
     let is_copy = |i: usize| table.entry(i).load().has(CACHED);
     let backward = head >= pages && is_copy(head - pages) && !(head + pages < table.pages && is_copy(head + pages));
-    for k in 1..=window {
+    let mut last = head;
+    for k in 1..=(window / 2).max(1) {
         let next = if backward {
             match head.checked_sub(k * pages) {
                 Some(n) => n,
@@ -548,7 +554,10 @@ fn map_ahead(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize) {
         if next + pages > table.pages || !map_copy(mm, table, next, folio) {
             break;
         }
+        table.ra.state.seen(next / pages);
+        last = next;
     }
+    last
 }
 
 /// Map one readahead copy as if a fault had taken it; false if it is not there to take.

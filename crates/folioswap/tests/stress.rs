@@ -298,7 +298,7 @@ fn stress_with(mode: FaultMode, compressor: &str, split: bool, swap_file: bool, 
     assert!(failures.is_empty(), "{} failures, first: {}", failures.len(), failures[0]);
     assert!(stats.vm.zswpout > 0 && stats.vm.zswpin > 0, "the test must swap: {:?}", stats.vm);
     assert!(stats.vm.uffd_remove > 0 && stats.vm.uffd_unmap > 0, "the test must discard and unmap");
-    // Readahead is on by default (VMA, page_cluster 5, on the helper); the sweeps feed it.
+    // Readahead is on by default (VMA, page_cluster 7, on the helper); the sweeps feed it.
     assert!(stats.vm.swap_ra > 0 && stats.vm.swap_ra_hit > 0, "readahead must run and hit: {:?}", stats.vm);
     if swap_file {
         assert!(stats.vm.pswpout > 0 && stats.vm.pswpin > 0, "the test must use the swap file: {:?}", stats.vm);
