@@ -527,9 +527,10 @@ fn fault_ra_hit(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSiz
 /// placement (the kernel's swap cache hits update its readahead state too). Returns the
 /// head of the last folio mapped (`head` if none), where the window moves on from.
 ///
-/// At most half the window: the copies left cached are the stream's lead while the next
-/// reads go out. Mapping the whole window left none, and the fault after it waited for a
-/// read issued at that instant (BENCHMARKS.md, "Mapping ahead half the window").
+/// At most half the window, so that the copies left cached are the stream's lead while
+/// the next reads go out: a quarter fewer misses and reads than mapping the whole window,
+/// throughput within noise (BENCHMARKS.md, "Eviction batches that look past the LRU head",
+/// set 2).
 /// Only 4 KiB folios: a larger folio's fault is already shared by its pages, and mapping
 /// 64 KiB ahead made the stream wait on the copy instead (BENCHMARKS.md, "Mapping
 /// readahead copies ahead").
