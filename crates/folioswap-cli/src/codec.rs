@@ -1,8 +1,9 @@
-//! `folioswap bench codec`: what the pool's codec costs per folio, on usemem's data.
+//! `folioswap bench codec`: what the pool's codec costs per folio, on usemem's data, on
+//! text lz4 cannot shrink, or on random bytes.
 //!
 //! Compression, not the fault, bounds the speed of 2 MiB swapping (ARCHITECTURE.md), so
 //! this measures the engine's own `Codec` (liblz4 compress, lz4_flex decompress, zstd) on
-//! the words `bench usemem` writes, one thread, folio by folio as eviction and swap-in
+//! the words `bench usemem` writes (or `--data`), one thread, folio by folio as eviction and swap-in
 //! run it. Each pass over the data is timed; the median of `--passes` is reported, and
 //! every decompressed folio is compared with its original.
 
@@ -25,6 +26,14 @@ pub struct CodecArgs {
     /// Timed passes per measurement (the median is reported).
     #[arg(long, default_value_t = 5)]
     passes: usize,
+    /// The secondary codec behind each compressor (`recomp_algorithm`: zstd:1, …, or none).
+    #[arg(long, default_value = "none")]
+    recomp: String,
+    /// The data: `usemem` (the words `bench usemem` writes: lz4 halves them), `text` (lines
+    /// of 20-80 random letters and digits, as `scripts/bench_programs.py` sorts: lz4 cannot
+    /// shrink them, zstd takes a third off) or `random` (bytes nothing compresses).
+    #[arg(long, default_value = "usemem")]
+    data: String,
     /// Print one JSON array instead of the table.
     #[arg(long)]
     json: bool,
@@ -46,8 +55,8 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-fn measure(compressor: Compressor, folio: FolioSize, data: &[u8], passes: usize) -> Result<Row, String> {
-    let codec = Codec::new(compressor);
+fn measure(compressor: Compressor, recomp: Compressor, folio: FolioSize, data: &[u8], passes: usize) -> Result<Row, String> {
+    let codec = Codec::new(compressor, recomp);
     let mut scratch = CodecScratch::new();
     let fb = folio.bytes();
     let folios = data.len() / fb;
@@ -80,7 +89,7 @@ fn measure(compressor: Compressor, folio: FolioSize, data: &[u8], passes: usize)
     let (c, d) = (median(comp_s), median(decomp_s));
     let mb = (folios * fb) as f64 / 1e6;
     Ok(Row {
-        compressor: compressor.to_string(),
+        compressor: if recomp == Compressor::None { compressor.to_string() } else { format!("{compressor}+{recomp}") },
         folio: folio.to_string(),
         compress_mb_s: mb / c,
         decompress_mb_s: mb / d,
@@ -101,18 +110,19 @@ pub fn run(args: CodecArgs) -> Result<bool, String> {
     if args.passes == 0 || args.mib < 2 {
         return Err("--passes must be at least 1 and --mib at least 2".into());
     }
-    let words = args.mib << 17;
-    let data: Vec<u8> = (0..words as u64).flat_map(|j| value(0, j, 0).to_le_bytes()).collect();
+    let recomp: Compressor =
+        args.recomp.trim().parse().map_err(|_| format!("--recomp: {:?} is not one of {}", args.recomp, Compressor::ACCEPTED))?;
+    let data = sample(&args.data, args.mib << 20)?;
     let mut rows = Vec::new();
     for &c in &compressors {
         for &f in &folios {
-            rows.push(measure(c, f, &data, args.passes)?);
+            rows.push(measure(c, recomp, f, &data, args.passes)?);
         }
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?);
     } else {
-        println!("usemem data, {} MiB per pass, median of {} passes, one thread", args.mib, args.passes);
+        println!("{} data, {} MiB per pass, median of {} passes, one thread", args.data, args.mib, args.passes);
         println!(
             "{:<10} {:>6} {:>13} {:>15} {:>7} {:>14} {:>16}",
             "codec", "folio", "compress MB/s", "decompress MB/s", "ratio", "compress µs/f", "decompress µs/f"
@@ -125,4 +135,31 @@ pub fn run(args: CodecArgs) -> Result<bool, String> {
         }
     }
     Ok(true)
+}
+
+/// `bytes` of the data `--data` names.
+fn sample(kind: &str, bytes: usize) -> Result<Vec<u8>, String> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    match kind {
+        "usemem" => Ok((0..bytes as u64 / 8).flat_map(|j| value(0, j, 0).to_le_bytes()).collect()),
+        "text" => {
+            const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+            let mut v = Vec::with_capacity(bytes + 81);
+            while v.len() < bytes {
+                let len = 20 + next() % 60;
+                v.extend((0..len).map(|_| ALPHABET[(next() % ALPHABET.len() as u64) as usize]));
+                v.push(b'\n');
+            }
+            v.truncate(bytes);
+            Ok(v)
+        }
+        "random" => Ok((0..bytes / 8).flat_map(|_| next().to_le_bytes()).collect()),
+        other => Err(format!("--data: {other:?} is not one of usemem, text, random")),
+    }
 }

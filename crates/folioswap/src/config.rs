@@ -235,6 +235,9 @@ pub struct Config {
     #[serde(serialize_with = "serialize_display")]
     pub folio_size: FolioSize,
     pub compressor: Compressor,
+    /// The second codec for what `compressor` leaves above 3/4 of its size (zram's
+    /// `recomp_algorithm`): the smaller result is stored. `None` for none.
+    pub recomp_algorithm: Compressor,
     /// Swap large folios out and in as independent 4 KiB pages, as the kernel did before
     /// THP swap (seed 000's "before"): the baseline every benchmark compares against.
     pub split_swap: bool,
@@ -322,6 +325,7 @@ impl Default for Config {
             charge_pool: true,
             folio_size: FolioSize::M2,
             compressor: Compressor::Lz4,
+            recomp_algorithm: Compressor::Zstd { level: 1 },
             split_swap: false,
             swapin_enabled: SwapinPolicy::Adaptive,
             fault_mode: FaultMode::Thread,
@@ -353,6 +357,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FOLIOSWAP_CHARGE_POOL", "1/0, true/false, yes/no or on/off"),
     ("FOLIOSWAP_FOLIO_SIZE", FolioSize::ACCEPTED),
     ("FOLIOSWAP_COMPRESSOR", Compressor::ACCEPTED),
+    ("FOLIOSWAP_RECOMP_ALGORITHM", Compressor::ACCEPTED),
     ("FOLIOSWAP_SPLIT_SWAP", "1/0, true/false, yes/no or on/off"),
     ("FOLIOSWAP_SWAPIN_ENABLED", SwapinPolicy::ACCEPTED),
     ("FOLIOSWAP_FAULT_MODE", FaultMode::ACCEPTED),
@@ -430,6 +435,7 @@ impl Config {
             "FOLIOSWAP_CHARGE_POOL" => self.charge_pool(parse_bool(var, value)?),
             "FOLIOSWAP_FOLIO_SIZE" => self.parse_folio_size(var, value)?,
             "FOLIOSWAP_COMPRESSOR" => self.parse_compressor(var, value)?,
+            "FOLIOSWAP_RECOMP_ALGORITHM" => self.parse_recomp_algorithm(var, value)?,
             "FOLIOSWAP_SPLIT_SWAP" => self.split_swap(parse_bool(var, value)?),
             "FOLIOSWAP_SWAPIN_ENABLED" => {
                 let policy = value.parse().map_err(|_| Error::config(var, value, SwapinPolicy::ACCEPTED))?;
@@ -503,6 +509,11 @@ impl Config {
 
     fn parse_compressor(mut self, var: &str, value: &str) -> Result<Config> {
         self.compressor = value.parse().map_err(|_| Error::config(var, value, Compressor::ACCEPTED))?;
+        Ok(self)
+    }
+
+    fn parse_recomp_algorithm(mut self, var: &str, value: &str) -> Result<Config> {
+        self.recomp_algorithm = value.parse().map_err(|_| Error::config(var, value, Compressor::ACCEPTED))?;
         Ok(self)
     }
 
@@ -588,6 +599,11 @@ impl Config {
     /// `"lz4"`, `"zstd"`, `"zstd:5"` or `"none"`.
     pub fn compressor(self, value: &str) -> Result<Config> {
         self.parse_compressor("compressor", value)
+    }
+    /// The secondary codec: `"zstd:1"` (the default), any value `compressor` takes, or
+    /// `"none"` for no second try.
+    pub fn recomp_algorithm(self, value: &str) -> Result<Config> {
+        self.parse_recomp_algorithm("recomp_algorithm", value)
     }
     pub fn split_swap(mut self, on: bool) -> Config {
         self.split_swap = on;
@@ -811,6 +827,7 @@ mod tests {
             "FOLIOSWAP_CHARGE_POOL" => c.charge_pool.to_string(),
             "FOLIOSWAP_FOLIO_SIZE" => c.folio_size.to_string(),
             "FOLIOSWAP_COMPRESSOR" => c.compressor.to_string(),
+            "FOLIOSWAP_RECOMP_ALGORITHM" => c.recomp_algorithm.to_string(),
             "FOLIOSWAP_SPLIT_SWAP" => c.split_swap.to_string(),
             "FOLIOSWAP_SWAPIN_ENABLED" => c.swapin_enabled.to_string(),
             "FOLIOSWAP_FAULT_MODE" => c.fault_mode.to_string(),
@@ -915,11 +932,12 @@ mod tests {
         #[test]
         fn builders_agree_with_the_variables(value in any_value()) {
             type Build = fn(Config, &str) -> Result<Config>;
-            let builders: [(&str, &str, Build); 6] = [
+            let builders: [(&str, &str, Build); 7] = [
                 ("memory_high", "FOLIOSWAP_MEMORY_HIGH", Config::memory_high),
                 ("max_pool", "FOLIOSWAP_MAX_POOL", Config::max_pool),
                 ("folio_size", "FOLIOSWAP_FOLIO_SIZE", Config::folio_size),
                 ("compressor", "FOLIOSWAP_COMPRESSOR", Config::compressor),
+                ("recomp_algorithm", "FOLIOSWAP_RECOMP_ALGORITHM", Config::recomp_algorithm),
                 ("accept_threshold_percent", "FOLIOSWAP_ACCEPT_THRESHOLD_PERCENT", Config::accept_threshold_percent),
                 ("min_compression_ratio", "FOLIOSWAP_MIN_COMPRESSION_RATIO", Config::min_compression_ratio),
             ];

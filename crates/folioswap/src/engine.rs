@@ -284,7 +284,7 @@ impl Engine {
             SwapTier::Configured(io) => SwapDevice::new(io, config.slot_cache, false),
             SwapTier::OnDemand(io) => SwapDevice::new(io, config.slot_cache, true),
         });
-        let tiers = Tiers::new(Zswap::new(config.compressor, max_pool), file, &config);
+        let tiers = Tiers::new(Zswap::new(config.compressor, config.recomp_algorithm, max_pool), file, &config);
         let mm = Arc::new(Mm {
             id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
             uffd,

@@ -270,6 +270,9 @@ counter_struct!(
         zswap_same_filled,
         /// Folios the pool stored raw because they did not compress.
         zswap_stored_raw,
+        /// Folios (a pieced folio: pages) stored with the secondary codec, which made them
+        /// smaller than the primary left them (`recomp_algorithm`; zram's recompression).
+        zswap_recompressed,
         /// Folios sent to the swap file instead of the pool because they compressed less
         /// than `min_compression_ratio`.
         zswap_reject_compress_poor,

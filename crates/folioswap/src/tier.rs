@@ -332,8 +332,13 @@ impl Tiers {
             return self.write_to_file(data, folio, batch, counters);
         }
         let min_ratio = self.file.as_ref().map(|_| self.min_compression_ratio);
-        match self.zswap.zswap_store(data, scratch, min_ratio, pieced) {
-            Ok(stored) => Ok(vec![stored.into()]),
+        let stored = self.zswap.zswap_store(data, scratch, min_ratio, pieced);
+        let recompressed = std::mem::take(&mut scratch.recompressed);
+        match stored {
+            Ok(stored) => {
+                vm.zswap_recompressed.add(recompressed);
+                Ok(vec![stored.into()])
+            }
             Err(StoreError::CompressPoor) => {
                 vm.zswap_reject_compress_poor.inc();
                 self.write_to_file(data, folio, batch, counters)

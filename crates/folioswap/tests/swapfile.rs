@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 mod common;
-use common::{check, fill, fill_incompressible, fill_page, run_child_expecting_sigbus};
+use common::{check, check_text, fill, fill_incompressible, fill_page, fill_text, run_child_expecting_sigbus};
 
 const MIB: usize = 1 << 20;
 
@@ -111,6 +111,34 @@ fn charge_pool_writes_back_to_stay_under_memory_high() {
     // 48M of data that lz4 halves cannot sit in a pool charged to a 16M limit.
     assert!(s.vm.zswpwb > 0, "{:?}", s.vm);
     assert!(s.memory.charged_bytes <= 16 << 20, "{:?}", s.memory);
+}
+
+/// Text that lz4 leaves as large as it was goes to the swap file, one disk read per fault,
+/// unless the secondary codec (`recomp_algorithm`, zstd:1 by default) shrinks it: then it
+/// stays in the pool. Both ways, every byte comes back.
+#[test]
+fn text_lz4_cannot_shrink_stays_in_the_pool_with_the_secondary_codec() {
+    for folio in ["2M", "4K"] {
+        for recomp in ["none", "zstd:1"] {
+            let config = Config::default().memory_high("16M").unwrap().recomp_algorithm(recomp).unwrap();
+            let e = engine_with(Box::new(swap_file(256 << 20)), config);
+            let mut a = e.map(24 * MIB, RegionOptions::default().folio_size(folio).unwrap()).unwrap();
+            fill_text(&mut a, 3);
+            check_text(&a, 3);
+            check_text(&a, 3);
+            let vm = e.stats().vm;
+            if recomp == "none" {
+                assert_eq!(vm.zswap_recompressed, 0, "{folio}: {vm:?}");
+                assert!(vm.zswap_reject_compress_poor > 0 && vm.pswpout > 0, "{folio}: lz4 alone sends text to the file: {vm:?}");
+            } else {
+                assert!(vm.zswap_recompressed > 0, "{folio}: {vm:?}");
+                assert_eq!(vm.zswap_reject_compress_poor, 0, "{folio}: zstd shrinks every page of text: {vm:?}");
+                // (Whether they are loaded from the pool or written back first depends on
+                // when the writeback pass runs: not asserted.)
+                assert!(vm.zswpout > 0, "{folio}: {vm:?}");
+            }
+        }
+    }
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! Compressors for the pool: lz4 (block format), zstd at a level, or none.
+//! Compressors for the pool: lz4 (block format), zstd at a level, or none, and a second
+//! one for what the first leaves large (zram's recompression, `recomp_algorithm`).
 //!
 //! lz4 compresses with liblz4 and decompresses with lz4_flex: both speak the same block
 //! format (they produce identical bytes), and on usemem-like data liblz4 compresses about
@@ -6,8 +7,17 @@
 //! 2.45 vs 2.75 ms to compress, 1.8 vs 2.7 ms to decompress; `folioswap bench codec`
 //! and BENCHMARKS.md have the current figures).
 //!
+//! lz4 has no entropy coder: text drawn from a small alphabet, or numbers printed as
+//! text, comes out of it as large as it went in, while zstd's Huffman stage still takes a
+//! third off (random lines of 36 letters: zstd:1 stores 4 KiB in about 2.7 KiB). Such a
+//! page would go to the swap file, a disk read per fault, so a page (or a folio stream)
+//! that the primary codec leaves above [`RECOMP_ABOVE`] of its size is compressed again
+//! with the secondary one and the smaller result is kept, as zram recompresses its
+//! "huge" pages with a second algorithm. Data that compresses under lz4 never pays for
+//! the second try; data that compresses under neither pays for both (`BENCHMARKS.md`).
+//!
 //! Every encoded object starts with a tag byte naming its codec, so a load never depends
-//! on the current configuration. Compression contexts are per thread (`CodecScratch`,
+//! on the current configuration, and either codec's objects decode alike. Compression contexts are per thread (`CodecScratch`,
 //! owned by reclaim threads and direct reclaimers); zstd decompression contexts come from
 //! a small shared pool so that the fault path allocates nothing in steady state.
 //! The same `Codec` is exported for `folioswap bench codec`.
@@ -19,19 +29,40 @@ const TAG_LZ4: u8 = 1;
 const TAG_ZSTD: u8 = 2;
 const TAG_NONE: u8 = 3;
 
+/// A result above this share of its input (numerator, denominator) is tried again with the
+/// secondary codec: zsmalloc's huge class starts about here, and below it a second pass
+/// would win too little to pay for itself.
+pub const RECOMP_ABOVE: (usize, usize) = (3, 4);
+
 /// A thread's compression workspace: the output buffer and, for zstd, its context.
 pub struct CodecScratch {
     /// The last encoded object (`Codec::compress` returns its length).
     pub out: Vec<u8>,
     /// Where a pieced object is put together (`pieces.rs`).
     pub(crate) assembly: Vec<u8>,
-    zstd: Option<zstd::bulk::Compressor<'static>>,
-    zstd_level: i32,
+    /// The secondary codec's output, swapped into `out` when it is the smaller.
+    second: Vec<u8>,
+    /// zstd contexts by level: the primary's and the secondary's.
+    zstd: Vec<(i32, zstd::bulk::Compressor<'static>)>,
+    /// Encodings the secondary codec made smaller since the caller last took this count
+    /// (pieces count one each).
+    pub recompressed: u64,
 }
 
 impl CodecScratch {
     pub fn new() -> CodecScratch {
-        CodecScratch { out: Vec::new(), assembly: Vec::new(), zstd: None, zstd_level: 0 }
+        CodecScratch { out: Vec::new(), assembly: Vec::new(), second: Vec::new(), zstd: Vec::new(), recompressed: 0 }
+    }
+
+    fn zstd(&mut self, level: i32) -> Option<&mut zstd::bulk::Compressor<'static>> {
+        let at = match self.zstd.iter().position(|(l, _)| *l == level) {
+            Some(at) => at,
+            None => {
+                self.zstd.push((level, zstd::bulk::Compressor::new(level).ok()?));
+                self.zstd.len() - 1
+            }
+        };
+        Some(&mut self.zstd[at].1)
     }
 }
 
@@ -45,48 +76,40 @@ impl Default for CodecScratch {
 /// engine runs.
 pub struct Codec {
     compressor: Compressor,
+    /// The second try for what `compressor` leaves above [`RECOMP_ABOVE`]; `None` for none.
+    recomp: Option<Compressor>,
     decompressors: Mutex<Vec<zstd::bulk::Decompressor<'static>>>,
 }
 
 impl Codec {
-    pub fn new(compressor: Compressor) -> Codec {
-        Codec { compressor, decompressors: Mutex::new(Vec::new()) }
+    /// `recomp`: the secondary codec (`Compressor::None`, or the primary itself, for none).
+    pub fn new(compressor: Compressor, recomp: Compressor) -> Codec {
+        let recomp = (recomp != Compressor::None && recomp != compressor && compressor != Compressor::None).then_some(recomp);
+        Codec { compressor, recomp, decompressors: Mutex::new(Vec::new()) }
     }
 
-    /// Encode `input` into `scratch.out` (tag byte first). Returns the encoded length, or
-    /// `None` when the codec failed, in which case the caller stores the folio raw.
+    /// Encode `input` into `scratch.out` (tag byte first): with the primary codec, and
+    /// again with the secondary when the first result is above [`RECOMP_ABOVE`] of the
+    /// input, keeping the smaller. Returns the encoded length, or `None` when the codecs
+    /// failed, in which case the caller stores the folio raw.
     pub fn compress(&self, input: &[u8], scratch: &mut CodecScratch) -> Option<usize> {
-        let out = &mut scratch.out;
-        match self.compressor {
-            Compressor::Lz4 => {
-                let src_len = i32::try_from(input.len()).ok()?;
-                // SAFETY: LZ4_compressBound is a pure function of its argument.
-                let bound = unsafe { lz4_sys::LZ4_compressBound(src_len) };
-                out.resize(1 + bound as usize, 0);
-                out[0] = TAG_LZ4;
-                // SAFETY: `input` is readable for src_len bytes and `out[1..]` writable for
-                // `bound` bytes; liblz4 writes at most `bound` bytes and returns their count
-                // (0 on failure).
-                let n = unsafe { lz4_sys::LZ4_compress_default(input.as_ptr().cast(), out[1..].as_mut_ptr().cast(), src_len, bound) };
-                (n > 0).then_some(1 + n as usize)
+        let mut out = std::mem::take(&mut scratch.out);
+        let first = encode(self.compressor, input, &mut out, scratch);
+        scratch.out = out;
+        let Some(recomp) = self.recomp else { return first };
+        if first.is_some_and(|n| n * RECOMP_ABOVE.1 <= input.len() * RECOMP_ABOVE.0) {
+            return first;
+        }
+        let mut second = std::mem::take(&mut scratch.second);
+        let again = encode(recomp, input, &mut second, scratch);
+        scratch.second = second;
+        match again {
+            Some(m) if first.is_none_or(|n| m < n) => {
+                std::mem::swap(&mut scratch.out, &mut scratch.second);
+                scratch.recompressed += 1;
+                Some(m)
             }
-            Compressor::Zstd { level } => {
-                if scratch.zstd.is_none() || scratch.zstd_level != level {
-                    scratch.zstd = Some(zstd::bulk::Compressor::new(level).ok()?);
-                    scratch.zstd_level = level;
-                }
-                let cctx = scratch.zstd.as_mut()?;
-                out.resize(1 + zstd::zstd_safe::compress_bound(input.len()), 0);
-                out[0] = TAG_ZSTD;
-                let n = cctx.compress_to_buffer(input, &mut out[1..]).ok()?;
-                Some(1 + n)
-            }
-            Compressor::None => {
-                out.clear();
-                out.push(TAG_NONE);
-                out.extend_from_slice(input);
-                Some(out.len())
-            }
+            _ => first,
         }
     }
 
@@ -120,6 +143,37 @@ impl Codec {
     }
 }
 
+/// Encode `input` with `compressor` into `out` (tag byte first); `scratch` lends the zstd
+/// context. `None`: the codec failed.
+fn encode(compressor: Compressor, input: &[u8], out: &mut Vec<u8>, scratch: &mut CodecScratch) -> Option<usize> {
+    match compressor {
+        Compressor::Lz4 => {
+            let src_len = i32::try_from(input.len()).ok()?;
+            // SAFETY: LZ4_compressBound is a pure function of its argument.
+            let bound = unsafe { lz4_sys::LZ4_compressBound(src_len) };
+            out.resize(1 + bound as usize, 0);
+            out[0] = TAG_LZ4;
+            // SAFETY: `input` is readable for src_len bytes and `out[1..]` writable for
+            // `bound` bytes; liblz4 writes at most `bound` bytes and returns their count
+            // (0 on failure).
+            let n = unsafe { lz4_sys::LZ4_compress_default(input.as_ptr().cast(), out[1..].as_mut_ptr().cast(), src_len, bound) };
+            (n > 0).then_some(1 + n as usize)
+        }
+        Compressor::Zstd { level } => {
+            out.resize(1 + zstd::zstd_safe::compress_bound(input.len()), 0);
+            out[0] = TAG_ZSTD;
+            let n = scratch.zstd(level)?.compress_to_buffer(input, &mut out[1..]).ok()?;
+            Some(1 + n)
+        }
+        Compressor::None => {
+            out.clear();
+            out.push(TAG_NONE);
+            out.extend_from_slice(input);
+            Some(out.len())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,7 +186,7 @@ mod tests {
     #[test]
     fn every_codec_round_trips_every_folio_size() {
         for compressor in [Compressor::Lz4, Compressor::Zstd { level: 3 }, Compressor::None] {
-            let codec = Codec::new(compressor);
+            let codec = Codec::new(compressor, Compressor::None);
             let mut scratch = CodecScratch::new();
             for order in 0..=9 {
                 let input = sample(4096 << order, order as u64);
@@ -149,7 +203,7 @@ mod tests {
 
     #[test]
     fn corrupt_objects_are_errors() {
-        let codec = Codec::new(Compressor::Lz4);
+        let codec = Codec::new(Compressor::Lz4, Compressor::None);
         let mut scratch = CodecScratch::new();
         let input = sample(65536, 1);
         let n = codec.compress(&input, &mut scratch).unwrap();
@@ -161,10 +215,53 @@ mod tests {
         assert!(codec.decompress(&scratch.out[..n], &mut short).is_err());
     }
 
+    /// Random letters and digits: no 4-byte string repeats, so lz4 finds nothing.
+    fn text(len: usize) -> Vec<u8> {
+        let alphabet = b"abcdefghijklmnopqrstuvwxyz0123456789";
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                alphabet[(x % 36) as usize]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_secondary_codec_takes_what_the_primary_leaves_large() {
+        let lz4_alone = Codec::new(Compressor::Lz4, Compressor::None);
+        let with_zstd = Codec::new(Compressor::Lz4, Compressor::Zstd { level: 1 });
+        let mut scratch = CodecScratch::new();
+        let input = text(4096);
+        let alone = lz4_alone.compress(&input, &mut scratch).unwrap();
+        assert!(alone * RECOMP_ABOVE.1 > input.len() * RECOMP_ABOVE.0, "lz4 shrank text to {alone} bytes: the test needs text it cannot");
+        assert_eq!(scratch.recompressed, 0);
+        let n = with_zstd.compress(&input, &mut scratch).unwrap();
+        assert!(n < input.len() * 3 / 4 && scratch.out[0] == TAG_ZSTD, "{n} bytes, tag {}", scratch.out[0]);
+        assert_eq!(scratch.recompressed, 1);
+        let mut back = vec![0u8; input.len()];
+        lz4_alone.decompress(&scratch.out[..n], &mut back).unwrap();
+        assert_eq!(back, input, "any codec decodes the secondary's objects by their tag");
+        // What lz4 compresses well is never tried again.
+        let words = sample(4096, 3);
+        let n = with_zstd.compress(&words, &mut scratch).unwrap();
+        assert_eq!((scratch.out[0], scratch.recompressed), (TAG_LZ4, 1), "{n} bytes");
+        // Nor does a secondary run behind no compression, or one equal to the primary.
+        for codec in [
+            Codec::new(Compressor::None, Compressor::Zstd { level: 1 }),
+            Codec::new(Compressor::Zstd { level: 1 }, Compressor::Zstd { level: 1 }),
+        ] {
+            codec.compress(&input, &mut scratch).unwrap();
+            assert_eq!(scratch.recompressed, 1);
+        }
+    }
+
     proptest! {
         #[test]
         fn round_trip_arbitrary(data in prop::collection::vec(any::<u8>(), 1..20000), zstd in any::<bool>()) {
-            let codec = Codec::new(if zstd { Compressor::Zstd { level: 1 } } else { Compressor::Lz4 });
+            let codec = Codec::new(if zstd { Compressor::Zstd { level: 1 } } else { Compressor::Lz4 }, Compressor::Zstd { level: 1 });
             let mut scratch = CodecScratch::new();
             let n = codec.compress(&data, &mut scratch).unwrap();
             let mut back = vec![0u8; data.len()];

@@ -65,8 +65,8 @@ fn is_zero(data: &[u8]) -> bool {
 }
 
 impl Zswap {
-    pub fn new(compressor: Compressor, cap: u64) -> Zswap {
-        Zswap { pool: ZPool::new(cap), codec: Codec::new(compressor) }
+    pub fn new(compressor: Compressor, recomp: Compressor, cap: u64) -> Zswap {
+        Zswap { pool: ZPool::new(cap), codec: Codec::new(compressor, recomp) }
     }
 
     /// Compress `folio` and store it under one handle: as one stream, or, with `pieced`

@@ -129,7 +129,7 @@ mod tests {
     #[test]
     fn zero_raw_and_compressed_pieces_round_trip() {
         for compressor in [Compressor::Lz4, Compressor::Zstd { level: 3 }] {
-            let codec = Codec::new(compressor);
+            let codec = Codec::new(compressor, Compressor::None);
             let mut scratch = CodecScratch::new();
             let data = folio(16, 1);
             let len = compress_pieces(&codec, &data, &mut scratch);
@@ -149,7 +149,7 @@ mod tests {
 
     #[test]
     fn corrupt_headers_are_errors() {
-        let codec = Codec::new(Compressor::Lz4);
+        let codec = Codec::new(Compressor::Lz4, Compressor::None);
         let mut scratch = CodecScratch::new();
         let data = folio(4, 2);
         let len = compress_pieces(&codec, &data, &mut scratch);
@@ -167,7 +167,7 @@ mod tests {
     proptest! {
         #[test]
         fn round_trip_arbitrary_folios(pages in 1usize..32, seed in any::<u64>()) {
-            let codec = Codec::new(Compressor::Lz4);
+            let codec = Codec::new(Compressor::Lz4, Compressor::None);
             let mut scratch = CodecScratch::new();
             let data = folio(pages, seed);
             let len = compress_pieces(&codec, &data, &mut scratch);

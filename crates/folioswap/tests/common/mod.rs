@@ -55,6 +55,31 @@ pub fn check_incompressible(region: &Region) {
     }
 }
 
+/// The byte `fill_text(region, seed)` writes at offset `i`: a letter or digit, drawn by a
+/// hash of the offset and the seed. Such text is what lz4 cannot shrink (it has no
+/// entropy coder, and random letters repeat no 4-byte string) while zstd takes a third off.
+pub fn text_byte(i: usize, seed: u64) -> u8 {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut z = (i as u64).wrapping_add(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ALPHABET[((z ^ (z >> 31)) % ALPHABET.len() as u64) as usize]
+}
+
+/// Fill `region` with random letters and digits (`text_byte`).
+pub fn fill_text(region: &mut Region, seed: u64) {
+    for (i, b) in region.as_mut_slice().iter_mut().enumerate() {
+        *b = text_byte(i, seed);
+    }
+}
+
+/// Check every byte `fill_text(region, seed)` wrote.
+pub fn check_text(region: &Region, seed: u64) {
+    for (i, &b) in region.as_slice().iter().enumerate() {
+        assert_eq!(b, text_byte(i, seed), "byte {i} of a {} region", region.folio_size());
+    }
+}
+
 /// Run the ignored test `name` of this test binary in a child process that must die of
 /// SIGBUS; returns its stderr.
 pub fn run_child_expecting_sigbus(name: &str) -> String {
