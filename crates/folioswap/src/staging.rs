@@ -135,6 +135,10 @@ pub(crate) struct Staging {
     /// Budget for filled slots kept across all areas, and what they hold now.
     reserve_bytes: u64,
     reserved: AtomicU64,
+    /// Pages of a batch slot that runs fill before it is closed: all 512 under a large
+    /// limit; under a small one fewer, since the pages of members already stored stay
+    /// charged (as StagingFree) until the slot is emptied.
+    batch_pages: u32,
     areas: [OnceLock<Area>; 10],
     batches: Mutex<Batches>,
 }
@@ -172,7 +176,7 @@ impl Area {
 impl Staging {
     /// Staging registered on `uffd`; with `trash_uffd` (move mode, where `uffd` is the
     /// region's), emptied through a trash registered on that one.
-    pub fn new(uffd: Uffd, trash_uffd: Option<Uffd>, reserve_bytes: usize) -> io::Result<Staging> {
+    pub fn new(uffd: Uffd, trash_uffd: Option<Uffd>, reserve_bytes: usize, batch_bytes: usize) -> io::Result<Staging> {
         let trash = match trash_uffd {
             Some(trash_uffd) => {
                 let base = crate::sys::map_aligned(TRASH_BYTES, HUGE_SIZE).map_err(io::Error::from_raw_os_error)?;
@@ -189,6 +193,7 @@ impl Staging {
             pagemap: PageMap::open()?,
             reserve_bytes: reserve_bytes as u64,
             reserved: AtomicU64::new(0),
+            batch_pages: (batch_bytes / PAGE_SIZE).clamp(1, HUGE_SIZE / PAGE_SIZE) as u32,
             areas: Default::default(),
             batches: Mutex::new(Batches::default()),
         })
@@ -256,15 +261,16 @@ impl Staging {
     }
 
     /// Room for an eviction run of `pages` pages and `members` folios in the open batch
-    /// slot, at pages not used before (a valid MOVE destination); a full open slot is
-    /// closed and a fresh 2 MiB hole opened. Each member leaves with `end_batch_member`.
+    /// slot, at pages not used before (a valid MOVE destination); a full open slot (past
+    /// `batch_pages`) is closed and a fresh 2 MiB hole opened, which takes a run of any
+    /// length up to 2 MiB. Each member leaves with `end_batch_member`.
     pub fn take_batch_space(&self, pages: u32, members: u32, memcg: &MemCg) -> io::Result<Staged> {
-        let slot_pages = (HUGE_SIZE / PAGE_SIZE) as u32;
+        debug_assert!(pages as usize <= HUGE_SIZE / PAGE_SIZE);
         loop {
             {
                 let mut b = self.batches.lock().unwrap();
                 if let Some((index, next)) = b.open {
-                    if next + pages <= slot_pages {
+                    if next + pages <= self.batch_pages.max(pages) {
                         b.open = Some((index, next + pages));
                         b.slots.get_mut(&index).expect("the open batch").members += members;
                         return Ok(Staged { slot: Slot { order: FolioSize::M2.order(), index }, page: next });
