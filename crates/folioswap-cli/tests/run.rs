@@ -642,6 +642,29 @@ fn bad_options_fail_clearly() {
     }
 }
 
+/// `FOLIOSWAP_LIB` names the library to preload, as the README says: the engine's own
+/// check for unknown `FOLIOSWAP_*` variables leaves it alone, and a path that is not a
+/// file is refused by name.
+#[test]
+fn folioswap_lib_names_the_library() {
+    let _serial = serial();
+    let exe = Path::new(folioswap());
+    let lib = [exe.with_file_name("libfolioswap.so"), exe.with_file_name("deps").join("libfolioswap.so")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .expect("folioswap() checked that the library was built");
+    let prog = test_program("alloc_fork");
+    let stats = TempDir::new("folioswap_lib");
+    let stats = stats.join("stats.json");
+    let run = under_env(&["--memory-high", "64M"], Some(&stats), &[s(&prog), "128", "2"], &[("FOLIOSWAP_LIB", s(&lib))]);
+    run.assert_success();
+    run.assert_stdout_line("parent OK");
+    run.assert_total_positive("zswpout");
+    let run = under_env(&["--quiet"], None, &["true"], &[("FOLIOSWAP_LIB", "/nonexistent-folioswap-dir/libfolioswap.so")]);
+    assert_ne!(run.code, 0, "{}", run.describe());
+    assert!(run.stderr.contains("FOLIOSWAP_LIB=/nonexistent-folioswap-dir"), "{}", run.describe());
+}
+
 /// The usemem clone: two processes of 96 MiB, two rounds each, under one 64 MiB limit.
 #[test]
 fn usemem_clone_under_run() {

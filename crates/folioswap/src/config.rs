@@ -379,8 +379,8 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FOLIOSWAP_ENCRYPT", "1/0, true/false, yes/no or on/off"),
 ];
 
-/// Variables of libfolioswap.so (the preloaded library), not of the engine: `from_env`
-/// leaves them alone.
+/// Variables of libfolioswap.so (the preloaded library) and of `folioswap run`, not of the
+/// engine: `from_env` leaves them alone.
 pub const PRELOAD_VARS: &[(&str, &str)] = &[
     ("FOLIOSWAP_THRESHOLD", "a size like 1M: malloc blocks and mmaps at least this large are managed"),
     ("FOLIOSWAP_FALLBACK", "1/0: run unmanaged (with a warning) when the engine cannot start"),
@@ -391,6 +391,7 @@ pub const PRELOAD_VARS: &[(&str, &str)] = &[
         "the pid of the `folioswap run` that started the process: `folioswap stat` groups a run's processes by it (set by `folioswap run`)",
     ),
     ("FOLIOSWAP_WARNED", "1: the launcher has said what the configuration cannot do (no swap file); the engines it starts stay quiet"),
+    ("FOLIOSWAP_LIB", "the libfolioswap.so that `folioswap run` preloads (default: beside the executable, or in ../lib)"),
 ];
 
 fn accepted(var: &str) -> &'static str {
@@ -730,6 +731,8 @@ mod tests {
             ("FOLIOSWAP_PAGE_CLUSTER", "5"),
             ("FOLIOSWAP_RA_STRIDE", "on"),
             ("FOLIOSWAP_RA_ASYNC", "0"),
+            ("FOLIOSWAP_RECOMP_ALGORITHM", "none"),
+            ("FOLIOSWAP_LIB", "/opt/folioswap/lib/libfolioswap.so"),
             ("PATH", "/usr/bin"),
         ]))
         .unwrap();
@@ -738,6 +741,7 @@ mod tests {
         assert!(c.charge_pool && c.split_swap);
         assert_eq!(c.folio_size, FolioSize::K64);
         assert_eq!(c.compressor, Compressor::Zstd { level: 7 });
+        assert_eq!(c.recomp_algorithm, Compressor::None);
         assert_eq!(c.fault_mode, FaultMode::Signal);
         assert_eq!(c.fault_threads, 3);
         assert_eq!(c.lru, LruPolicy::Fifo);
