@@ -24,7 +24,11 @@
 //! reuses its lowest free slot first, so that its live objects gather at its start; when
 //! its topmost slot is freed its bump comes down past the free slots below, and once the
 //! whole pages above the last live slot add up to `SUB_RELEASE_STEP` they are given back
-//! with `MADV_DONTNEED`. (Before, a sub-page chunk kept every page it had touched until all
+//! with `MADV_DONTNEED`. Below the top, each page counts the live slots that overlap it;
+//! once the touched pages with none reach a quarter of the chunk's touched pages (and
+//! `SUB_RELEASE_STEP`), they are given back too, and a slot handed out on such a page
+//! counts it again (long-lived objects high in a chunk otherwise pinned every page below
+//! them). (Before, a sub-page chunk kept every page it had touched until all
 //! its slots were free: under random churn, a pool charged to a 34M limit held 16.6M of
 //! pages for 7M of live objects, and the limit was paid for it in resident memory.)
 //! Freed slots stay populated so that the next store of that class costs no page fault, but that
@@ -186,6 +190,12 @@ struct ChunkState {
     free_bits: Vec<u64>,
     free_count: u32,
     free_hint: u32,
+    /// Sub-page classes: how many live (or handed-out) slots overlap each page, how many
+    /// pages have any, and which pages below `populated`'s were given back while empty.
+    page_live: Vec<u16>,
+    live_pages: u32,
+    released_pages: Vec<u64>,
+    released_count: u32,
     /// Live objects.
     used: u32,
     /// Page classes: freed slots whose memory is still resident (reused first).
@@ -222,6 +232,11 @@ impl ChunkState {
         self.free_count -= 1;
     }
 
+    fn lowest_free(&self) -> Option<usize> {
+        let (w, bits) = self.free_bits.iter().enumerate().skip(self.free_hint as usize).find(|(_, &bits)| bits != 0)?;
+        Some(w * 64 + bits.trailing_zeros() as usize)
+    }
+
     /// Take the lowest free slot, so that live objects gather at the chunk's start and its
     /// top can be given back.
     fn take_lowest_free(&mut self) -> Option<usize> {
@@ -231,6 +246,43 @@ impl ChunkState {
         let slot = w * 64 + bits.trailing_zeros() as usize;
         self.clear_free(slot);
         Some(slot)
+    }
+
+    fn page_released(&self, page: usize) -> bool {
+        self.released_pages.get(page / 64).is_some_and(|w| w >> (page % 64) & 1 != 0)
+    }
+
+    fn set_page_released(&mut self, page: usize, released: bool) {
+        let w = page / 64;
+        if self.released_pages.len() <= w {
+            self.released_pages.resize(w + 1, 0);
+        }
+        let was = self.released_pages[w] >> (page % 64) & 1 != 0;
+        if released && !was {
+            self.released_pages[w] |= 1 << (page % 64);
+            self.released_count += 1;
+        } else if !released && was {
+            self.released_pages[w] &= !(1 << (page % 64));
+            self.released_count -= 1;
+        }
+    }
+
+    /// A sub-page slot `[at, at + size)` is handed out (`+1`) or freed (`-1`).
+    fn count_pages(&mut self, at: usize, size: usize, handed_out: bool) {
+        let (first, last) = (at / PAGE, (at + size - 1) / PAGE);
+        if self.page_live.len() <= last {
+            self.page_live.resize(last + 1, 0);
+        }
+        for p in first..=last {
+            if handed_out {
+                self.page_live[p] += 1;
+                self.live_pages += u32::from(self.page_live[p] == 1);
+                self.set_page_released(p, false);
+            } else {
+                self.page_live[p] -= 1;
+                self.live_pages -= u32::from(self.page_live[p] == 0);
+            }
+        }
     }
 
     /// Bring `bump` down past the free slots at the top (a sub-page chunk's last slot was
@@ -316,6 +368,14 @@ impl Class {
     /// Footprint of slots `[0, n)` of a freshly populated chunk.
     fn covered(&self, n: usize) -> u64 {
         (n * self.size).next_multiple_of(PAGE) as u64
+    }
+
+    /// Sub-page classes: what handing out `slot` of `ch` adds to the footprint: its pages
+    /// that were never touched or were given back while empty.
+    fn slot_growth(&self, ch: &ChunkState, slot: usize) -> u64 {
+        let touched = self.covered(ch.populated as usize) as usize / PAGE;
+        let (first, last) = (slot * self.size / PAGE, (slot * self.size + self.size - 1) / PAGE);
+        (first..=last).filter(|&p| p >= touched || ch.page_released(p)).count() as u64 * PAGE as u64
     }
 
     fn info(&self, chunk: usize) -> Option<&ChunkInfo> {
@@ -618,11 +678,12 @@ impl ZPool {
             if ch.used == 0 {
                 // Every slot is free: give back the whole populated prefix.
                 let resident = class.covered(ch.populated as usize);
-                self.footprint.fetch_sub(resident, Ordering::Relaxed);
+                self.footprint.fetch_sub(resident - ch.released_count as u64 * PAGE as u64, Ordering::Relaxed);
                 self.retire(class, st, chunk, resident as usize);
                 return;
             }
             ch.set_free(slot);
+            ch.count_pages(slot * class.size, class.size, false);
             if slot + 1 == ch.bump as usize {
                 ch.trim_top();
                 push_once(&mut st.room_stack, ch, chunk, IN_ROOM);
@@ -631,10 +692,14 @@ impl ZPool {
                     // SAFETY: every slot from `bump` up is free, so the whole pages above the
                     // last live slot's end hold no object; they lie inside the chunk's mapping.
                     unsafe { dontneed(ch.base.wrapping_add(top as usize), (touched - top) as usize) };
-                    self.footprint.fetch_sub(touched - top, Ordering::Relaxed);
+                    let pages = (top as usize / PAGE)..(touched as usize / PAGE);
+                    let already = pages.clone().filter(|&p| ch.page_released(p)).count() as u64;
+                    pages.for_each(|p| ch.set_page_released(p, false));
+                    self.footprint.fetch_sub(touched - top - already * PAGE as u64, Ordering::Relaxed);
                     ch.populated = ch.bump;
                 }
             }
+            self.release_empty_pages(class, ch);
             if ch.free_count > 0 {
                 push_once(&mut st.free_stack, ch, chunk, IN_FREE);
             }
@@ -726,6 +791,34 @@ impl ZPool {
         }
     }
 
+    /// A sub-page chunk whose touched pages without a live object reach a quarter of its
+    /// touched pages (and `SUB_RELEASE_STEP`) gives them all back: the lowest-slot-first
+    /// reuse refills such holes first, so they are let go only once there are many.
+    fn release_empty_pages(&self, class: &Class, ch: &mut ChunkState) {
+        let pages = class.covered(ch.populated as usize) as usize / PAGE;
+        let touched = pages - ch.released_count as usize;
+        let empty = touched - ch.live_pages as usize;
+        if ((empty * PAGE) as u64) < SUB_RELEASE_STEP || empty * 4 < touched {
+            return;
+        }
+        let mut p = 0;
+        while p < pages {
+            if ch.page_live.get(p).copied().unwrap_or(0) != 0 || ch.page_released(p) {
+                p += 1;
+                continue;
+            }
+            let start = p;
+            while p < pages && ch.page_live.get(p).copied().unwrap_or(0) == 0 && !ch.page_released(p) {
+                ch.set_page_released(p, true);
+                p += 1;
+            }
+            // SAFETY: no live or handed-out slot overlaps these pages (their counts are zero
+            // under the class lock), and they lie inside the chunk's mapping.
+            unsafe { dontneed(ch.base.wrapping_add(start * PAGE), (p - start) * PAGE) };
+        }
+        self.footprint.fetch_sub((empty * PAGE) as u64, Ordering::Relaxed);
+    }
+
     /// Reserve `growth` bytes of footprint against the cap, atomically with respect to every
     /// other reservation, so concurrent stores can never overshoot the cap together.
     fn reserve(&self, growth: u64) -> bool {
@@ -756,6 +849,15 @@ impl ZPool {
             } else {
                 (Pick::New, class.covered(1))
             };
+        // A sub-page slot may also lie on pages given back while empty.
+        let growth = match pick {
+            Pick::Free(i) if !class.page_sized => {
+                let ch = &st.chunks[i];
+                class.slot_growth(ch, ch.lowest_free().expect("top_valid checked non-empty"))
+            }
+            Pick::Room(i) if !class.page_sized => class.slot_growth(&st.chunks[i], st.chunks[i].bump as usize),
+            _ => growth,
+        };
         if !self.reserve(growth) {
             return Ok(Taken::Over { growth });
         }
@@ -798,6 +900,9 @@ impl ZPool {
                 push_once(&mut st.room_stack, ch, i, IN_ROOM);
             }
         }
+        if !class.page_sized {
+            ch.count_pages(slot * class.size, class.size, true);
+        }
         ch.used += 1;
         Ok(Taken::Slot { chunk: i, slot, base: ch.base, info: ch.info })
     }
@@ -827,6 +932,10 @@ impl ZPool {
             free_bits: Vec::new(),
             free_count: 0,
             free_hint: 0,
+            page_live: Vec::new(),
+            live_pages: 0,
+            released_pages: Vec::new(),
+            released_count: 0,
             used: 0,
             free: Vec::new(),
             released: Vec::new(),
@@ -845,6 +954,8 @@ impl ZPool {
         ch.populated = 0;
         ch.free_bits = Vec::new();
         (ch.free_count, ch.free_hint) = (0, 0);
+        (ch.page_live, ch.released_pages) = (Vec::new(), Vec::new());
+        (ch.live_pages, ch.released_count) = (0, 0);
         ch.free = Vec::new();
         ch.released = Vec::new();
         if st.spare.is_none() {
@@ -899,8 +1010,19 @@ impl ZPool {
                     slack += ch.free.len() as u64 * class.size as u64;
                     assert_eq!(ch.used as usize + ch.free.len() + ch.released.len(), ch.bump as usize);
                 } else {
-                    footprint += class.covered(ch.populated as usize);
+                    footprint += class.covered(ch.populated as usize) - ch.released_count as u64 * PAGE as u64;
                     assert!(ch.released.is_empty() && ch.free.is_empty());
+                    let pages = class.covered(ch.populated as usize) as usize / PAGE;
+                    let mut live = vec![0u16; pages.max(ch.page_live.len())];
+                    for slot in (0..ch.bump as usize).filter(|&s| !ch.is_free(s)) {
+                        (slot * class.size / PAGE..=(slot * class.size + class.size - 1) / PAGE).for_each(|p| live[p] += 1);
+                    }
+                    live.truncate(ch.page_live.len().max(pages));
+                    let mut recorded = ch.page_live.clone();
+                    recorded.resize(live.len(), 0);
+                    assert_eq!(recorded, live, "per-page live counts");
+                    assert_eq!(ch.live_pages as usize, live.iter().filter(|&&n| n > 0).count());
+                    assert!((0..ch.released_pages.len() * 64).all(|p| !ch.page_released(p) || (p < pages && live[p] == 0)));
                     assert!(ch.bump <= ch.populated && ch.populated as usize <= class.slots);
                     let bits: u32 = ch.free_bits.iter().map(|w| w.count_ones()).sum();
                     assert_eq!(bits, ch.free_count);
@@ -1117,15 +1239,11 @@ mod tests {
         pool.check_accounting();
     }
 
-    /// Objects of every sub-page size, stored and freed at random: 20 000 live, then a
-    /// quarter of them, kept at that level while as many again come and go. A chunk
-    /// that kept every page it ever touched until all its slots were free would hold the
-    /// peak (about four times the live bytes); reusing the lowest free slot first gathers
-    /// the live objects at the chunks' starts, and the tops are given back.
-    #[test]
-    fn random_churn_gives_back_what_the_live_objects_left() {
-        let pool = ZPool::new(u64::MAX);
-        let mut rng = 0x1234_5678u64;
+    /// Sub-page objects stored and freed at random: 20 000 live, then a quarter of them,
+    /// kept at that level while twice as many again come and go; every live object is
+    /// checked at the end. Returns the peak footprint.
+    fn churn(pool: &ZPool, seed: u64) -> u64 {
+        let mut rng = seed;
         let mut next = move || {
             rng = splitmix(rng);
             rng
@@ -1148,14 +1266,75 @@ mod tests {
             pool.free(h);
             store(&mut live, next());
         }
-        pool.check_accounting();
         for &(h, seed, len) in &live {
             // SAFETY: every handle in `live` is stored and not freed.
             assert_eq!(unsafe { pool.get(h) }, &content(seed, len)[..]);
         }
+        let keep = live.len() / 2;
+        for (h, _, _) in live.drain(keep..) {
+            pool.free(h);
+        }
+        for &(h, seed, len) in &live {
+            // SAFETY: as above.
+            assert_eq!(unsafe { pool.get(h) }, &content(seed, len)[..]);
+        }
+        for (h, _, _) in live {
+            pool.free(h);
+        }
+        peak
+    }
+
+    /// A chunk that kept every page it ever touched until all its slots were free would
+    /// hold the churn's peak (about four times the live bytes); reusing the lowest free
+    /// slot first and giving back the pages with no live object keeps the footprint near
+    /// the live bytes.
+    #[test]
+    fn random_churn_gives_back_what_the_live_objects_left() {
+        let pool = ZPool::new(u64::MAX);
+        let mut rng = 0x1234_5678u64;
+        let mut next = move || {
+            rng = splitmix(rng);
+            rng
+        };
+        let mut live: Vec<PoolHandle> = Vec::new();
+        for _ in 0..20_000 {
+            let seed = next();
+            live.push(pool.store(&content(seed, 200 + (seed % 3000) as usize)).unwrap());
+        }
+        let peak = pool.footprint_bytes();
+        for _ in 0..40_000 {
+            pool.free(live.swap_remove((next() % live.len() as u64) as usize));
+            if live.len() < 5_000 {
+                let seed = next();
+                live.push(pool.store(&content(seed, 200 + (seed % 3000) as usize)).unwrap());
+            }
+        }
+        pool.check_accounting();
         let (footprint, stored) = (pool.footprint_bytes(), pool.stored_bytes());
         assert!(footprint < stored * 3 / 2, "footprint {footprint} for {stored} live bytes (peak {peak})");
         assert!(pool.resident_bytes() <= footprint);
+        for h in live {
+            pool.free(h);
+        }
+        // Then everything goes, through a churn that ends empty.
+        churn(&pool, 7);
+        pool.check_accounting();
+        assert_eq!((pool.footprint_bytes(), pool.resident_bytes()), (0, 0));
+    }
+
+    /// The same churn from two threads at once on one pool, every object checked.
+    #[test]
+    fn threads_churn_small_objects_in_one_pool() {
+        let pool = ZPool::new(u64::MAX);
+        std::thread::scope(|s| {
+            for seed in [11, 12] {
+                let pool = &pool;
+                s.spawn(move || churn(pool, seed));
+            }
+        });
+        pool.check_accounting();
+        assert_eq!((pool.stored_bytes(), pool.live_objects(), pool.footprint_bytes()), (0, 0, 0));
+        assert_eq!(pool.resident_bytes(), 0);
     }
 
     #[test]
