@@ -436,6 +436,7 @@ fn stats(mm: &Mm) -> Stats {
         staging_free_bytes: mm.memcg.get(Component::StagingFree),
         pool_total_bytes: pool.footprint_bytes(),
         pool_compressed_bytes: pool.stored_bytes(),
+        pool_slack_bytes: pool.slack_bytes(),
         pool_stored_bytes: mm.tiers.pool_folio_bytes(),
         pool_entries: pool.live_objects(),
         max_pool_bytes: pool.cap(),

@@ -379,6 +379,9 @@ pub struct MemoryStat {
     pub pool_total_bytes: u64,
     /// Compressed bytes of the entries stored.
     pub pool_compressed_bytes: u64,
+    /// Of `pool_total_bytes`, free page-sized slots kept populated for reuse (the slack
+    /// `shrink_slack` can give back at once).
+    pub pool_slack_bytes: u64,
     /// Uncompressed bytes of the folios in the pool (zswap's stored_pages × 4 KiB).
     pub pool_stored_bytes: u64,
     pub pool_entries: u64,

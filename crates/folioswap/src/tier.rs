@@ -305,6 +305,11 @@ impl Tiers {
         let over_threshold = self.pool_is_full() && footprint > pool.cap() / 100 * self.accept_threshold_percent;
         let over_charge = memcg.charge_pool
             && memcg.limit.is_some_and(|high| {
+                // Free page-sized slots kept for reuse are charged like the rest: at most a
+                // sliver of the limit (the pool's own floor, 8M, was a quarter of a 34M one).
+                if pool.slack_bytes() > high / 32 {
+                    pool.shrink_slack(high / 64);
+                }
                 if footprint > high / 2 {
                     // Populated free pages first: writing entries back only adds to them.
                     pool.shrink_slack(0);
@@ -665,5 +670,33 @@ impl Tiers {
         if folio.is_huge() {
             counters.vm.thp_swpin.inc();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Compressor;
+    use crate::swapfile::cluster::CLUSTER_SIZE;
+    use crate::swapfile::io::SwapFile;
+
+    /// Free page-sized slots the pool keeps populated for reuse are charged to
+    /// memory_high like the rest, so a charged pool keeps them to 1/32 of the limit,
+    /// whatever the pool's own floor (8M) would keep.
+    #[test]
+    fn a_charged_pool_keeps_its_slack_to_a_sliver_of_the_limit() {
+        let high = 32u64 << 20;
+        let config = Config::default().memory_high("32M").unwrap();
+        let file = SwapFile::create_sparse(&std::env::temp_dir(), 4 * CLUSTER_SIZE).expect("a sparse swap file in the temp directory");
+        let tiers =
+            Tiers::new(Zswap::new(Compressor::Lz4, Compressor::None, u64::MAX), Some(SwapDevice::new(Box::new(file), 0, false)), &config);
+        let memcg = MemCg::new(Some(high), true);
+        let pool = &tiers.zswap.pool;
+        let handles: Vec<_> = (0..256u32).map(|i| pool.store(&[i as u8; 8192]).unwrap()).collect();
+        handles.into_iter().for_each(|h| pool.free(h));
+        assert!(pool.slack_bytes() > high / 32, "the test needs more slack than the bound: {}", pool.slack_bytes());
+        assert!(!tiers.needs_writeback(&memcg), "an empty pool needs no writeback");
+        assert!(pool.slack_bytes() <= high / 64, "slack {} left", pool.slack_bytes());
+        assert_eq!(pool.footprint_bytes(), pool.slack_bytes());
     }
 }

@@ -798,7 +798,7 @@ impl ZPool {
         let pages = class.covered(ch.populated as usize) as usize / PAGE;
         let touched = pages - ch.released_count as usize;
         let empty = touched - ch.live_pages as usize;
-        if ((empty * PAGE) as u64) < SUB_RELEASE_STEP || empty * 4 < touched {
+        if ((empty * PAGE) as u64) < SUB_RELEASE_STEP || empty * 2 < touched {
             return;
         }
         let mut p = 0;
