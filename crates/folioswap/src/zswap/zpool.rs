@@ -25,7 +25,7 @@
 //! its topmost slot is freed its bump comes down past the free slots below, and once the
 //! whole pages above the last live slot add up to `SUB_RELEASE_STEP` they are given back
 //! with `MADV_DONTNEED`. Below the top, each page counts the live slots that overlap it;
-//! once the touched pages with none reach a quarter of the chunk's touched pages (and
+//! once the touched pages with none reach half of the chunk's touched pages (and
 //! `SUB_RELEASE_STEP`), they are given back too, and a slot handed out on such a page
 //! counts it again (long-lived objects high in a chunk otherwise pinned every page below
 //! them). (Before, a sub-page chunk kept every page it had touched until all
@@ -791,7 +791,7 @@ impl ZPool {
         }
     }
 
-    /// A sub-page chunk whose touched pages without a live object reach a quarter of its
+    /// A sub-page chunk whose touched pages without a live object reach half of its
     /// touched pages (and `SUB_RELEASE_STEP`) gives them all back: the lowest-slot-first
     /// reuse refills such holes first, so they are let go only once there are many.
     fn release_empty_pages(&self, class: &Class, ch: &mut ChunkState) {
