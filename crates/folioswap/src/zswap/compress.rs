@@ -17,8 +17,8 @@
 //! the second try; data that compresses under neither pays for both (`BENCHMARKS.md`).
 //!
 //! Every encoded object starts with a tag byte naming its codec, so a load never depends
-//! on the current configuration, and either codec's objects decode alike. Compression contexts are per thread (`CodecScratch`,
-//! owned by reclaim threads and direct reclaimers); zstd decompression contexts come from
+//! on the current configuration, and either codec's objects decode alike. Compression
+//! contexts are per thread (`CodecScratch`, owned by reclaim threads and direct reclaimers); zstd decompression contexts come from
 //! a small shared pool so that the fault path allocates nothing in steady state.
 //! The same `Codec` is exported for `folioswap bench codec`.
 
@@ -43,7 +43,7 @@ pub struct CodecScratch {
     /// The secondary codec's output, swapped into `out` when it is the smaller.
     second: Vec<u8>,
     /// zstd contexts by level: the primary's and the secondary's.
-    zstd: Vec<(i32, zstd::bulk::Compressor<'static>)>,
+    zstd: ZstdCache,
     /// Encodings the secondary codec made smaller since the caller last took this count
     /// (pieces count one each).
     pub recompressed: u64,
@@ -53,17 +53,21 @@ impl CodecScratch {
     pub fn new() -> CodecScratch {
         CodecScratch { out: Vec::new(), assembly: Vec::new(), second: Vec::new(), zstd: Vec::new(), recompressed: 0 }
     }
+}
 
-    fn zstd(&mut self, level: i32) -> Option<&mut zstd::bulk::Compressor<'static>> {
-        let at = match self.zstd.iter().position(|(l, _)| *l == level) {
-            Some(at) => at,
-            None => {
-                self.zstd.push((level, zstd::bulk::Compressor::new(level).ok()?));
-                self.zstd.len() - 1
-            }
-        };
-        Some(&mut self.zstd[at].1)
-    }
+/// A scratch's zstd compression contexts, by level.
+type ZstdCache = Vec<(i32, zstd::bulk::Compressor<'static>)>;
+
+/// The context for `level`, made on first use.
+fn zstd_context(cache: &mut ZstdCache, level: i32) -> Option<&mut zstd::bulk::Compressor<'static>> {
+    let at = match cache.iter().position(|(l, _)| *l == level) {
+        Some(at) => at,
+        None => {
+            cache.push((level, zstd::bulk::Compressor::new(level).ok()?));
+            cache.len() - 1
+        }
+    };
+    Some(&mut cache[at].1)
 }
 
 impl Default for CodecScratch {
@@ -93,17 +97,12 @@ impl Codec {
     /// input, keeping the smaller. Returns the encoded length, or `None` when the codecs
     /// failed, in which case the caller stores the folio raw.
     pub fn compress(&self, input: &[u8], scratch: &mut CodecScratch) -> Option<usize> {
-        let mut out = std::mem::take(&mut scratch.out);
-        let first = encode(self.compressor, input, &mut out, scratch);
-        scratch.out = out;
+        let first = encode(self.compressor, input, &mut scratch.out, &mut scratch.zstd);
         let Some(recomp) = self.recomp else { return first };
         if first.is_some_and(|n| n * RECOMP_ABOVE.1 <= input.len() * RECOMP_ABOVE.0) {
             return first;
         }
-        let mut second = std::mem::take(&mut scratch.second);
-        let again = encode(recomp, input, &mut second, scratch);
-        scratch.second = second;
-        match again {
+        match encode(recomp, input, &mut scratch.second, &mut scratch.zstd) {
             Some(m) if first.is_none_or(|n| m < n) => {
                 std::mem::swap(&mut scratch.out, &mut scratch.second);
                 scratch.recompressed += 1;
@@ -143,9 +142,14 @@ impl Codec {
     }
 }
 
-/// Encode `input` with `compressor` into `out` (tag byte first); `scratch` lends the zstd
-/// context. `None`: the codec failed.
-fn encode(compressor: Compressor, input: &[u8], out: &mut Vec<u8>, scratch: &mut CodecScratch) -> Option<usize> {
+/// Encode `input` with `compressor` into `out` (tag byte first), taking a zstd context
+/// from `zstd`. `None`: the codec failed.
+fn encode(
+    compressor: Compressor,
+    input: &[u8],
+    out: &mut Vec<u8>,
+    zstd: &mut Vec<(i32, zstd::bulk::Compressor<'static>)>,
+) -> Option<usize> {
     match compressor {
         Compressor::Lz4 => {
             let src_len = i32::try_from(input.len()).ok()?;
@@ -162,7 +166,7 @@ fn encode(compressor: Compressor, input: &[u8], out: &mut Vec<u8>, scratch: &mut
         Compressor::Zstd { level } => {
             out.resize(1 + zstd::zstd_safe::compress_bound(input.len()), 0);
             out[0] = TAG_ZSTD;
-            let n = scratch.zstd(level)?.compress_to_buffer(input, &mut out[1..]).ok()?;
+            let n = zstd_context(zstd, level)?.compress_to_buffer(input, &mut out[1..]).ok()?;
             Some(1 + n)
         }
         Compressor::None => {

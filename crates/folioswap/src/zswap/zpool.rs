@@ -240,10 +240,8 @@ impl ChunkState {
     /// Take the lowest free slot, so that live objects gather at the chunk's start and its
     /// top can be given back.
     fn take_lowest_free(&mut self) -> Option<usize> {
-        let from = self.free_hint as usize;
-        let (w, bits) = self.free_bits.iter().enumerate().skip(from).find(|(_, &bits)| bits != 0).map(|(w, &b)| (w, b))?;
-        self.free_hint = w as u32;
-        let slot = w * 64 + bits.trailing_zeros() as usize;
+        let slot = self.lowest_free()?;
+        self.free_hint = (slot / 64) as u32;
         self.clear_free(slot);
         Some(slot)
     }
