@@ -317,11 +317,18 @@ impl Engine {
             crate::fault::install_sigbus_handler();
         }
         let mut threads = Vec::new();
+        // Each thread says when it runs under its name: `new` returns only then, so a
+        // caller that counts the process's threads right after sees all of the engine's
+        // (a new thread takes its name itself, a moment after `spawn` returns).
+        let (started, all_started) = std::sync::mpsc::channel::<()>();
         // A thread running `f`, kept on `cpu` if one is given.
         let spawn_on = |name: String, cpu: Option<usize>, f: fn(Arc<Mm>), threads: &mut Vec<JoinHandle<()>>| -> Result<()> {
             let s = mm.clone();
+            let started = started.clone();
             let run = move || {
                 pin_to_cpu(cpu);
+                let _ = started.send(());
+                drop(started);
                 // A panic here would leave the program's faults waiting forever on a
                 // thread that is gone (and poison locks the others need): end the
                 // process instead, after the panic's own message.
@@ -365,6 +372,13 @@ impl Engine {
         }
         if mm.config.page_cluster > 0 && mm.config.ra_async {
             spawn("fsw-readahead".to_string(), crate::readahead::ra_worker, &mut threads)?;
+        }
+        drop(started);
+        for _ in 0..threads.len() {
+            // An error means every thread has sent or gone (a panic aborts the process).
+            if all_started.recv().is_err() {
+                break;
+            }
         }
         let life = Arc::new(Lifetime { mm: mm.clone(), threads: Mutex::new(threads) });
         Ok(Engine { mm, _life: life })
