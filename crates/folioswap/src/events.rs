@@ -240,6 +240,9 @@ fn split_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, 
         let ps = if i == 0 { pe.load() } else { pe.lock() };
         let next = ps.with_kind(kind).with(HUGE, false).with(WRITEBACK, false).next_gen();
         pe.set_handle(0);
+        if kind == Kind::Resident {
+            pe.set_installed_at(mm.lru.now());
+        }
         let next = pe.set_locked(next);
         if pending {
             pe.set_flag(PENDING);

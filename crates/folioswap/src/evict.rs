@@ -2,7 +2,9 @@
 //! 1. **pick** the coldest evictable folio off the LRU, locked (`pick_victim`);
 //! 2. **batch** (folios under 2 MiB): the folios that continue it in the address space,
 //!    found among the 32 coldest LRU entries behind it, join it (`extend_batch`), up to
-//!    2 MiB;
+//!    2 MiB; around a 4 KiB victim, the resident pages next to it in its aligned block of
+//!    2^`evict_cluster` pages that did not come in lately join it too
+//!    (`cluster_neighbours`, counted in `pgsteal_cluster`);
 //! 3. **move out** the run with one UFFDIO_MOVE into a staging hole (`move_out`): atomic,
 //!    from that instant an access faults and waits on the folio lock (copy mode, without
 //!    UFFDIO_MOVE: write-protect, copy out, zap, `copy_out`); then mark each member
@@ -20,11 +22,21 @@
 //! and its last member has left (`Staging::end_batch_member`), so that emptying it costs
 //! one more shootdown per 2 MiB evicted, not per run; which is also why small folios are
 //! installed back by UFFDIO_COPY, leaving the slot's pages put.
+//!
+//! Random access leaves no runs on the LRU: its coldest pages lie apart, and each one
+//! evicted alone cost a shootdown of its own, an IPI to every CPU running the program (a
+//! VM exit each here). The cluster is the eviction side of MGLRU's look-around: where the
+//! kernel, finding one young page, looks at its neighbours' accessed bits, an eviction
+//! here takes the victim's resident neighbours with it, in one MOVE and one shootdown,
+//! unless they came in within the last memory_high/16 of evictions (a page just faulted in
+//! is the likeliest to be touched again). User space sees no accessed bits, so among the
+//! older pages a neighbour is as good a guess as the LRU's next one: on random access
+//! the faults did not rise (BENCHMARKS.md, "Evicting a page's neighbours with it").
 
 use crate::config::SwapinPolicy;
 use crate::event_queue::Action;
 use crate::events::{apply_pending_after_publish, apply_pending_locked};
-use crate::folio::{Kind, State, HUGE, PENDING, WANTED, WRITEBACK};
+use crate::folio::{Kind, State, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
 use crate::gate::pump_events;
 use crate::install::{install_copy, install_slot, transfer, wake_folio, HaltReason, Transfer};
 use crate::lru::LruEntry;
@@ -96,8 +108,12 @@ fn shrink_one_timed(mm: &Mm, scratch: &mut CodecScratch, who: Reclaimer) -> Recl
     }
     // 2. Batch.
     let mut run = vec![(victim, s)];
+    let mut neighbours = (0, 0);
     if !folio.is_huge() {
         extend_batch(mm, &mut run, folio);
+        if folio == FolioSize::K4 {
+            neighbours = cluster_neighbours(mm, &mut run);
+        }
     }
     stages::lap(times, Stage::EvictPick);
     // 3. Move out: a 2 MiB folio into a slot of its own, a run of smaller ones into the
@@ -112,7 +128,7 @@ fn shrink_one_timed(mm: &Mm, scratch: &mut CodecScratch, who: Reclaimer) -> Recl
         Ok(at) => at,
         Err(err) => {
             eprintln!("folioswap: no staging for eviction: {err}");
-            unlock_run(mm, run, true);
+            unlock_run(mm, run, neighbours, true);
             return Reclaimed::Nothing;
         }
     };
@@ -129,10 +145,11 @@ fn shrink_one_timed(mm: &Mm, scratch: &mut CodecScratch, who: Reclaimer) -> Recl
         } else {
             (0..count).for_each(|_| mm.staging.end_batch_member(at.slot, 0, &mm.memcg));
         }
-        unlock_run(mm, run, err == MoveOutError::TryLater);
+        unlock_run(mm, run, neighbours, err == MoveOutError::TryLater);
         return Reclaimed::Busy;
     }
     let members = into_swap_cache(mm, &table, head, folio, at, run);
+    mm.counters.vm.pgsteal_cluster.add((neighbours.0 + neighbours.1) as u64);
     // A large folio goes into the pool as pieces unless its region always swaps in whole.
     let pieced = folio.order() > 0 && table.swapin != SwapinPolicy::Always;
     stages::lap(times, Stage::EvictMoveOut);
@@ -231,10 +248,66 @@ fn extend_batch(mm: &Mm, run: &mut Vec<(LruEntry, State)>, folio: FolioSize) {
     }
 }
 
-fn unlock_run(mm: &Mm, run: Vec<(LruEntry, State)>, requeue: bool) {
-    for (v, _) in run {
+/// Grow the run of 4 KiB folios with the resident pages that adjoin it inside the first
+/// member's aligned block of 2^`evict_cluster` pages, forward then back, as long as each
+/// next one is evictable now (resident, unlocked, no event pending, a page of its own)
+/// and not young. Their LRU entries stay queued, stale once they leave. Returns how many
+/// joined before the run and after it.
+fn cluster_neighbours(mm: &Mm, run: &mut Vec<(LruEntry, State)>) -> (usize, usize) {
+    let block = 1usize << mm.config.evict_cluster;
+    if block <= run.len() {
+        return (0, 0);
+    }
+    let table = run[0].0.table.clone();
+    let young = mm.memcg.limit.unwrap_or(u64::MAX) / PAGE_SIZE as u64 / 16;
+    let start = run[0].0.page & !(block - 1);
+    let end = (start + block).min(table.pages);
+    let take = |page: usize| -> Option<(LruEntry, State)> {
+        // A page of a large folio is a folio of its own only once that folio is split
+        // (which is never undone, so reading the flag unlocked is safe).
+        let head = page & !(table.folio.pages() - 1);
+        if table.folio != FolioSize::K4 && !table.entry(head).load().has(SPLIT) {
+            return None;
+        }
+        let e = table.entry(page);
+        let s = e.try_lock()?;
+        if s.kind() == Kind::Resident && !s.has(PENDING) && mm.lru.distance_since(e.installed_at()) >= young {
+            Some((LruEntry { table: table.clone(), page, order: 0, gen: s.gen() }, s))
+        } else {
+            e.unlock();
+            None
+        }
+    };
+    let mut after = 0;
+    while run.len() < block {
+        let next = run.last().expect("nonempty").0.page + 1;
+        let Some(member) = (next < end).then(|| take(next)).flatten() else { break };
+        run.push(member);
+        after += 1;
+    }
+    let mut before = Vec::new();
+    let mut first = run[0].0.page;
+    while run.len() + before.len() < block && first > start {
+        let Some(member) = take(first - 1) else { break };
+        first -= 1;
+        before.push(member);
+    }
+    let joined = (before.len(), after);
+    if !before.is_empty() {
+        before.reverse();
+        run.splice(0..0, before);
+    }
+    joined
+}
+
+/// Unlock a run that stays resident; with `requeue`, its members go back on the LRU, but
+/// for the `(before, after)` neighbours that joined it from the table, whose own LRU
+/// entries are still queued.
+fn unlock_run(mm: &Mm, run: Vec<(LruEntry, State)>, (before, after): (usize, usize), requeue: bool) {
+    let from_lru = before..run.len() - after;
+    for (i, (v, _)) in run.into_iter().enumerate() {
         v.table.entry(v.page).unlock();
-        if requeue {
+        if requeue && from_lru.contains(&i) {
             mm.lru.requeue(v);
         }
     }
@@ -752,6 +825,7 @@ fn put_back(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, at:
     };
     match installed {
         Ok(thp) => {
+            e.set_installed_at(mm.lru.now());
             let next = e.set_locked(s.with_kind(Kind::Resident).with(WRITEBACK, false).with(HUGE, thp).next_gen());
             mm.lru.push(table.clone(), head, folio, next.gen(), false);
             // A fault may be waiting (it found WRITEBACK and asked for the folio).
@@ -780,6 +854,69 @@ mod tests {
         assert_eq!(runs_of(&fate, Out), vec![(0, 2), (4, 5), (7, 8)]);
         assert_eq!(runs_of(&fate, Undecided), vec![(3, 4)]);
         assert!(runs_of(&[], Back).is_empty());
+    }
+
+    /// A 4 KiB victim's run grows over the resident pages next to it in its aligned block,
+    /// forward then back, and stops at a page that came in lately, one that is not
+    /// resident, one locked by someone else, and the block's edge.
+    #[test]
+    fn a_cluster_takes_the_older_resident_neighbours_in_the_block() {
+        let config = Config::default().memory_high("64M").unwrap().reclaim_threads(1).no_swap_file();
+        let engine = Engine::new(config).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
+        let mut region = engine.map(64 * PAGE_SIZE, RegionOptions::default().folio_size("4K").unwrap()).unwrap();
+        let (mm, table) = (engine.mm(), region.table().clone());
+        let young = (64u32 << 20) / PAGE_SIZE as u32 / 16;
+        // The clock has moved before the pages come in: they record where it stood.
+        mm.lru.tick(3 * young);
+        // Pages 0..40 resident, the rest untouched.
+        region.as_mut_slice()[..40 * PAGE_SIZE].iter_mut().step_by(PAGE_SIZE).for_each(|b| *b = 1);
+        let victim = |page: usize| {
+            let s = table.entry(page).try_lock().expect("nobody holds it");
+            assert_eq!(s.kind(), Kind::Resident);
+            vec![(LruEntry { table: table.clone(), page, order: 0, gen: s.gen() }, s)]
+        };
+        let pages = |run: &[(LruEntry, State)]| run.iter().map(|(v, _)| v.page).collect::<Vec<_>>();
+        let release = |run: Vec<(LruEntry, State)>| run.into_iter().for_each(|(v, _)| v.table.entry(v.page).unlock());
+
+        // Everything came in just now: nothing joins.
+        let mut run = victim(20);
+        assert_eq!(cluster_neighbours(mm, &mut run), (0, 0));
+        release(run);
+
+        // Once memory_high/16 has been evicted since, the whole block [16, 32) joins, the
+        // victim in its place.
+        mm.lru.tick(young);
+        let mut run = victim(20);
+        assert_eq!(cluster_neighbours(mm, &mut run), (4, 11));
+        assert_eq!(pages(&run), (16..32).collect::<Vec<_>>());
+        release(run);
+
+        // A page that came in lately (22), one locked (18): the run stops at each.
+        table.entry(22).set_installed_at(mm.lru.now());
+        assert!(table.entry(18).try_lock().is_some());
+        let mut run = victim(20);
+        assert_eq!(cluster_neighbours(mm, &mut run), (1, 1));
+        assert_eq!(pages(&run), vec![19, 20, 21]);
+        release(run);
+        table.entry(18).unlock();
+
+        // An untouched page stops it too, and the block's edge.
+        let mut run = victim(39);
+        assert_eq!(cluster_neighbours(mm, &mut run), (7, 0));
+        assert_eq!(pages(&run), (32..40).collect::<Vec<_>>());
+        release(run);
+        assert!(region.as_slice()[..40 * PAGE_SIZE].iter().step_by(PAGE_SIZE).all(|&b| b == 1));
+
+        // Off: nothing joins.
+        let off = Engine::new(Config::default().memory_high("64M").unwrap().evict_cluster(0).unwrap().no_swap_file()).unwrap();
+        let mut other = off.map(16 * PAGE_SIZE, RegionOptions::default().folio_size("4K").unwrap()).unwrap();
+        other.as_mut_slice().iter_mut().step_by(PAGE_SIZE).for_each(|b| *b = 1);
+        off.mm().lru.tick(1 << 20);
+        let t = other.table().clone();
+        let s = t.entry(3).try_lock().unwrap();
+        let mut run = vec![(LruEntry { table: t.clone(), page: 3, order: 0, gen: s.gen() }, s)];
+        assert_eq!(cluster_neighbours(off.mm(), &mut run), (0, 0));
+        t.entry(3).unlock();
     }
 
     /// A folio the pool cannot take is put back where it was, whole: never dropped.

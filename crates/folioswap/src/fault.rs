@@ -617,7 +617,7 @@ fn mark_resident(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSi
     if mm.config.lru == LruPolicy::Workingset && mm.prefaulting.load(Ordering::Relaxed) > 0 {
         active = true;
     }
-    e.set_handle(0);
+    e.set_installed_at(mm.lru.now());
     e.set_locked(next);
     mm.lru.push(table.clone(), target, folio, next.gen(), active);
 }

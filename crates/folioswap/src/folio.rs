@@ -57,7 +57,8 @@
 //!
 //! The handle word says where the data is: a staging slot for SwapCache, a pool handle
 //! for Pool, a swap slot and checksum for Swapped; it is read and written only under the
-//! lock.
+//! lock. A Resident folio's data is where it is mapped: its handle word holds the eviction
+//! clock when it came in instead (`installed_at`, the eviction cluster's youth test).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -238,6 +239,13 @@ impl PageEntry {
     }
     pub fn set_handle(&self, h: u64) {
         self.handle.store(h, Ordering::Release)
+    }
+    /// A Resident folio: the eviction clock (in pages) when it was installed.
+    pub fn installed_at(&self) -> u32 {
+        self.handle.load(Ordering::Acquire) as u32
+    }
+    pub fn set_installed_at(&self, clock: u32) {
+        self.handle.store(clock as u64, Ordering::Release)
     }
 }
 

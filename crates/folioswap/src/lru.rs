@@ -121,6 +121,11 @@ impl Lru {
         self.evict_clock.fetch_add(pages, Ordering::Relaxed)
     }
 
+    /// The clock now: what a folio installed now records (`PageEntry::installed_at`).
+    pub fn now(&self) -> u32 {
+        self.evict_clock.load(Ordering::Relaxed)
+    }
+
     /// Pages evicted since the clock read `then` (the refault distance).
     pub fn distance_since(&self, then: u32) -> u64 {
         self.evict_clock.load(Ordering::Relaxed).wrapping_sub(then) as u64

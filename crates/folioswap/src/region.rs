@@ -163,6 +163,10 @@ impl Region {
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
+    #[cfg(test)]
+    pub(crate) fn table(&self) -> &Arc<FolioTable> {
+        &self.table
+    }
     /// This region's swap readahead: folios read ahead, hits, waste, and its window now.
     pub fn readahead_stats(&self) -> crate::stats::RegionReadahead {
         self.table.ra.snapshot()

@@ -260,6 +260,9 @@ counter_struct!(
         /// Folios evicted by the background reclaimers and by direct reclaim in the fault path.
         pgsteal_kswapd,
         pgsteal_direct,
+        /// Of those, 4 KiB pages evicted with a colder neighbour, in its MOVE
+        /// (`evict_cluster`).
+        pgsteal_cluster,
         /// Times direct reclaim ran, and times a fault waited for reclaim in flight.
         allocstall,
         /// Faults refused because neither memory_high nor the pool cap could be kept.

@@ -279,7 +279,7 @@ fn stress_with(mode: FaultMode, compressor: &str, split: bool, swap_file: bool, 
     }
     let stats = engine.stats();
     eprintln!(
-        "{mode:?}/{compressor}/split={split}/swap_file={swap_file}/{install}: {checked} cells checked; zswpout {} zswpin {} pswpout {} pswpin {} zswpwb {} fallback {} uffd_remove {} uffd_unmap {} split {} fault_raced {} same_filled {} raw {} swap_ra {} swap_ra_hit {}",
+        "{mode:?}/{compressor}/split={split}/swap_file={swap_file}/{install}: {checked} cells checked; zswpout {} zswpin {} pswpout {} pswpin {} zswpwb {} fallback {} uffd_remove {} uffd_unmap {} split {} fault_raced {} same_filled {} raw {} swap_ra {} swap_ra_hit {} pgsteal_cluster {}",
         stats.vm.zswpout,
         stats.vm.zswpin,
         stats.vm.pswpout,
@@ -294,12 +294,16 @@ fn stress_with(mode: FaultMode, compressor: &str, split: bool, swap_file: bool, 
         stats.vm.zswap_stored_raw,
         stats.vm.swap_ra,
         stats.vm.swap_ra_hit,
+        stats.vm.pgsteal_cluster,
     );
     assert!(failures.is_empty(), "{} failures, first: {}", failures.len(), failures[0]);
     assert!(stats.vm.zswpout > 0 && stats.vm.zswpin > 0, "the test must swap: {:?}", stats.vm);
     assert!(stats.vm.uffd_remove > 0 && stats.vm.uffd_unmap > 0, "the test must discard and unmap");
     // Readahead is on by default (VMA, page_cluster 7, on the helper); the sweeps feed it.
     assert!(stats.vm.swap_ra > 0 && stats.vm.swap_ra_hit > 0, "readahead must run and hit: {:?}", stats.vm);
+    // Eviction clustering is on by default (64 KiB blocks): 4 KiB pages left with their
+    // neighbours, racing the faults, discards and unmaps on those neighbours.
+    assert!(stats.vm.pgsteal_cluster > 0, "pages must leave with their neighbours: {:?}", stats.vm);
     if swap_file {
         assert!(stats.vm.pswpout > 0 && stats.vm.pswpin > 0, "the test must use the swap file: {:?}", stats.vm);
         assert!(stats.vm.zswpwb > 0, "the full pool must write back: {:?}", stats.vm);
