@@ -416,6 +416,11 @@ fn parse_bool(var: &str, value: &str) -> Result<bool> {
     }
 }
 
+/// A power of two's exponent from 0 to `max`; refused with what `env` accepts.
+fn parse_exponent(var: &str, value: &str, max: u32, env: &str) -> Result<u32> {
+    value.trim().parse::<u32>().ok().filter(|&n| n <= max).ok_or_else(|| Error::config(var, value, accepted(env)))
+}
+
 fn parse_threads(var: &str, value: &str) -> Result<usize> {
     value.trim().parse::<usize>().ok().filter(|&n| n <= 1024).ok_or_else(|| Error::config(var, value, accepted("FOLIOSWAP_FAULT_THREADS")))
 }
@@ -574,22 +579,12 @@ impl Config {
     }
 
     fn parse_page_cluster(mut self, var: &str, value: &str) -> Result<Config> {
-        self.page_cluster = value
-            .trim()
-            .parse::<u32>()
-            .ok()
-            .filter(|&n| n <= Self::MAX_PAGE_CLUSTER)
-            .ok_or_else(|| Error::config(var, value, accepted("FOLIOSWAP_PAGE_CLUSTER")))?;
+        self.page_cluster = parse_exponent(var, value, Self::MAX_PAGE_CLUSTER, "FOLIOSWAP_PAGE_CLUSTER")?;
         Ok(self)
     }
 
     fn parse_evict_cluster(mut self, var: &str, value: &str) -> Result<Config> {
-        self.evict_cluster = value
-            .trim()
-            .parse::<u32>()
-            .ok()
-            .filter(|&n| n <= Self::MAX_EVICT_CLUSTER)
-            .ok_or_else(|| Error::config(var, value, accepted("FOLIOSWAP_EVICT_CLUSTER")))?;
+        self.evict_cluster = parse_exponent(var, value, Self::MAX_EVICT_CLUSTER, "FOLIOSWAP_EVICT_CLUSTER")?;
         Ok(self)
     }
 
