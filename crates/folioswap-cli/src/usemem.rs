@@ -702,8 +702,8 @@ fn print_table(r: &Report) {
         v.pgfault, v.pgmajfault, v.zswpout, v.zswpin, v.pswpout, v.pswpin, v.thp_swpout_fallback, v.thp_split_page
     );
     println!(
-        "               pgsteal_kswapd {} pgsteal_direct {} allocstall {} zswap_pool_limit_hit {} same_filled {} fault_raced {}",
-        v.pgsteal_kswapd, v.pgsteal_direct, v.allocstall, v.zswap_pool_limit_hit, v.zswap_same_filled, v.fault_raced
+        "               pgsteal_kswapd {} pgsteal_direct {} pgsteal_cluster {} allocstall {} zswap_pool_limit_hit {} same_filled {} fault_raced {}",
+        v.pgsteal_kswapd, v.pgsteal_direct, v.pgsteal_cluster, v.allocstall, v.zswap_pool_limit_hit, v.zswap_same_filled, v.fault_raced
     );
     println!(
         "               workingset_refault_anon {} workingset_activate_anon {} swapcache_hit {} staging_reused {} staging_populated {}",

@@ -110,7 +110,17 @@ fn charge_pool_writes_back_to_stay_under_memory_high() {
     let s = e.stats();
     // 48M of data that lz4 halves cannot sit in a pool charged to a 16M limit.
     assert!(s.vm.zswpwb > 0, "{:?}", s.vm);
-    assert!(s.memory.charged_bytes <= 16 << 20, "{:?}", s.memory);
+    // The last faults' evictions may still be storing (an eviction holds the folio in the
+    // swap cache until its compressed copy is in the pool): what must hold is that the
+    // reclaimers bring the whole cost back under the limit once the faults stop. Waiting
+    // longer only on a slower machine; a cost that stays over fails.
+    let settle = std::time::Instant::now();
+    let mut m = e.stats().memory;
+    while m.charged_bytes > 16 << 20 && settle.elapsed() < std::time::Duration::from_secs(20) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        m = e.stats().memory;
+    }
+    assert!(m.charged_bytes <= 16 << 20, "still over memory_high 20 s after the last fault: {m:?}");
 }
 
 /// Text that lz4 leaves as large as it was goes to the swap file, one disk read per fault,
