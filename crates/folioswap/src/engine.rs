@@ -328,7 +328,6 @@ impl Engine {
             let run = move || {
                 pin_to_cpu(cpu);
                 let _ = started.send(());
-                drop(started);
                 // A panic here would leave the program's faults waiting forever on a
                 // thread that is gone (and poison locks the others need): end the
                 // process instead, after the panic's own message.

@@ -18,8 +18,9 @@
 //!
 //! Every encoded object starts with a tag byte naming its codec, so a load never depends
 //! on the current configuration, and either codec's objects decode alike. Compression
-//! contexts are per thread (`CodecScratch`, owned by reclaim threads and direct reclaimers); zstd decompression contexts come from
-//! a small shared pool so that the fault path allocates nothing in steady state.
+//! contexts are per thread (`CodecScratch`, owned by reclaim threads and direct
+//! reclaimers); zstd decompression contexts come from a small shared pool so that the
+//! fault path allocates nothing in steady state.
 //! The same `Codec` is exported for `folioswap bench codec`.
 
 use crate::config::Compressor;
@@ -144,12 +145,7 @@ impl Codec {
 
 /// Encode `input` with `compressor` into `out` (tag byte first), taking a zstd context
 /// from `zstd`. `None`: the codec failed.
-fn encode(
-    compressor: Compressor,
-    input: &[u8],
-    out: &mut Vec<u8>,
-    zstd: &mut Vec<(i32, zstd::bulk::Compressor<'static>)>,
-) -> Option<usize> {
+fn encode(compressor: Compressor, input: &[u8], out: &mut Vec<u8>, zstd: &mut ZstdCache) -> Option<usize> {
     match compressor {
         Compressor::Lz4 => {
             let src_len = i32::try_from(input.len()).ok()?;

@@ -1239,8 +1239,9 @@ mod tests {
 
     /// Sub-page objects stored and freed at random: 20 000 live, then a quarter of them,
     /// kept at that level while twice as many again come and go; every live object is
-    /// checked at the end. Returns the peak footprint.
-    fn churn(pool: &ZPool, seed: u64) -> u64 {
+    /// checked, `at_low` sees the pool there (with the footprint at the peak), then half
+    /// go, the rest are checked again, and all go.
+    fn churn(pool: &ZPool, seed: u64, at_low: impl FnOnce(u64)) {
         let mut rng = seed;
         let mut next = move || {
             rng = splitmix(rng);
@@ -1268,6 +1269,7 @@ mod tests {
             // SAFETY: every handle in `live` is stored and not freed.
             assert_eq!(unsafe { pool.get(h) }, &content(seed, len)[..]);
         }
+        at_low(peak);
         let keep = live.len() / 2;
         for (h, _, _) in live.drain(keep..) {
             pool.free(h);
@@ -1279,7 +1281,6 @@ mod tests {
         for (h, _, _) in live {
             pool.free(h);
         }
-        peak
     }
 
     /// A chunk that kept every page it ever touched until all its slots were free would
@@ -1289,33 +1290,13 @@ mod tests {
     #[test]
     fn random_churn_gives_back_what_the_live_objects_left() {
         let pool = ZPool::new(u64::MAX);
-        let mut rng = 0x1234_5678u64;
-        let mut next = move || {
-            rng = splitmix(rng);
-            rng
-        };
-        let mut live: Vec<PoolHandle> = Vec::new();
-        for _ in 0..20_000 {
-            let seed = next();
-            live.push(pool.store(&content(seed, 200 + (seed % 3000) as usize)).unwrap());
-        }
-        let peak = pool.footprint_bytes();
-        for _ in 0..40_000 {
-            pool.free(live.swap_remove((next() % live.len() as u64) as usize));
-            if live.len() < 5_000 {
-                let seed = next();
-                live.push(pool.store(&content(seed, 200 + (seed % 3000) as usize)).unwrap());
-            }
-        }
-        pool.check_accounting();
-        let (footprint, stored) = (pool.footprint_bytes(), pool.stored_bytes());
-        assert!(footprint < stored * 3 / 2, "footprint {footprint} for {stored} live bytes (peak {peak})");
-        assert!(pool.resident_bytes() <= footprint);
-        for h in live {
-            pool.free(h);
-        }
-        // Then everything goes, through a churn that ends empty.
-        churn(&pool, 7);
+        churn(&pool, 0x1234_5678, |peak| {
+            pool.check_accounting();
+            let (footprint, stored) = (pool.footprint_bytes(), pool.stored_bytes());
+            assert!(footprint < stored * 3 / 2, "footprint {footprint} for {stored} live bytes (peak {peak})");
+            assert!(pool.resident_bytes() <= footprint);
+        });
+        // The churn ends with everything freed.
         pool.check_accounting();
         assert_eq!((pool.footprint_bytes(), pool.resident_bytes()), (0, 0));
     }
@@ -1327,7 +1308,7 @@ mod tests {
         std::thread::scope(|s| {
             for seed in [11, 12] {
                 let pool = &pool;
-                s.spawn(move || churn(pool, seed));
+                s.spawn(move || churn(pool, seed, |_| {}));
             }
         });
         pool.check_accounting();
