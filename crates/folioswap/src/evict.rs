@@ -148,6 +148,7 @@ fn shrink_one_timed(mm: &Mm, scratch: &mut CodecScratch, who: Reclaimer) -> Recl
         unlock_run(mm, run, neighbours, err == MoveOutError::TryLater);
         return Reclaimed::Busy;
     }
+    mm.memcg.note_eviction((count * folio.bytes()) as u64);
     let members = into_swap_cache(mm, &table, head, folio, at, run);
     mm.counters.vm.pgsteal_cluster.add((neighbours.0 + neighbours.1) as u64);
     // A large folio goes into the pool as pieces unless its region always swaps in whole.
