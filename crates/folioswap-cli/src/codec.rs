@@ -2,7 +2,7 @@
 //! text lz4 cannot shrink, or on random bytes.
 //!
 //! Compression, not the fault, bounds the speed of 2 MiB swapping (ARCHITECTURE.md), so
-//! this measures the engine's own `Codec` (liblz4 compress, lz4_flex decompress, zstd) on
+//! this measures the engine's own `Codec` (liblz4 compress; lz4_flex or liblz4 decompress by density, zstd) on
 //! the words `bench usemem` writes (or `--data`), one thread, folio by folio as eviction and swap-in
 //! run it. Each pass over the data is timed; the median of `--passes` is reported, and
 //! every decompressed folio is compared with its original.

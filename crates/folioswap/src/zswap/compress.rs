@@ -1,11 +1,14 @@
 //! Compressors for the pool: lz4 (block format), zstd at a level, or none, and a second
 //! one for what the first leaves large (zram's recompression, `recomp_algorithm`).
 //!
-//! lz4 compresses with liblz4 and decompresses with lz4_flex: both speak the same block
-//! format (they produce identical bytes), and on usemem-like data liblz4 compresses about
-//! 10% faster while lz4_flex decompresses about 50% faster (2 MiB folios, this machine:
-//! 2.45 vs 2.75 ms to compress, 1.8 vs 2.7 ms to decompress; `folioswap bench codec`
-//! and BENCHMARKS.md have the current figures).
+//! lz4 compresses with liblz4 and decompresses with whichever of liblz4 and lz4_flex is
+//! faster on the object: both speak the same block format. lz4_flex copies an overlapping
+//! match (a run of zeros) a byte at a time, so a sparse page that compresses 50:1 took it
+//! 3.4 µs against liblz4's 0.14 µs, and liblz4 was 17-26% faster over the heap pages of a
+//! CPython dict and of GNU sort; on dense objects of short matches, such as usemem's
+//! words (2:1), lz4_flex decompresses about 50% faster (2 MiB folios: 1.6 against
+//! 2.4 ms). An object under [`DENSE_LZ4`] of its size goes to liblz4, a larger one to
+//! lz4_flex (BENCHMARKS.md, "Two lz4 decoders").
 //!
 //! lz4 has no entropy coder: text drawn from a small alphabet, or numbers printed as
 //! text, comes out of it as large as it went in, while zstd's Huffman stage still takes a
@@ -117,6 +120,7 @@ impl Codec {
     pub fn decompress(&self, object: &[u8], dst: &mut [u8]) -> Result<(), String> {
         let (&tag, payload) = object.split_first().ok_or("empty pool object")?;
         let written = match tag {
+            TAG_LZ4 if payload.len() * DENSE_LZ4.1 < dst.len() * DENSE_LZ4.0 => lz4_decompress_sparse(payload, dst)?,
             TAG_LZ4 => lz4_flex::block::decompress_into(payload, dst).map_err(|e| format!("lz4: {e}"))?,
             TAG_ZSTD => {
                 let mut dctx = match self.decompressors.lock().unwrap().pop() {
@@ -141,6 +145,22 @@ impl Codec {
         }
         Ok(())
     }
+}
+
+/// An lz4 object at least this share of its decompressed size is dense (short matches,
+/// lz4_flex decodes it faster); a smaller one has long matches (liblz4 does).
+const DENSE_LZ4: (usize, usize) = (2, 5);
+
+/// Decode an lz4 block with liblz4, whose match copy is fast where matches are long.
+fn lz4_decompress_sparse(payload: &[u8], dst: &mut [u8]) -> Result<usize, String> {
+    let (Ok(src_len), Ok(dst_len)) = (i32::try_from(payload.len()), i32::try_from(dst.len())) else {
+        return Err(format!("lz4: a {}-byte object for a {}-byte folio is too large", payload.len(), dst.len()));
+    };
+    // SAFETY: `payload` is readable for src_len bytes and `dst` writable for dst_len
+    // bytes; LZ4_decompress_safe never reads or writes outside them, whatever the input,
+    // and returns the bytes written or a negative count for a malformed block.
+    let n = unsafe { lz4_sys::LZ4_decompress_safe(payload.as_ptr().cast(), dst.as_mut_ptr().cast(), src_len, dst_len) };
+    usize::try_from(n).map_err(|_| format!("lz4: malformed block (liblz4 stopped at input offset {})", -(n as i64)))
 }
 
 /// Encode `input` with `compressor` into `out` (tag byte first), taking a zstd context
@@ -213,6 +233,36 @@ mod tests {
         assert!(codec.decompress(&[9, 1, 2], &mut back).is_err());
         let mut short = vec![0u8; 4096];
         assert!(codec.decompress(&scratch.out[..n], &mut short).is_err());
+    }
+
+    /// A sparse page (a few words in zeros, as random writes leave it) decodes through
+    /// liblz4, a dense one through lz4_flex; both decoders agree on both, and a broken
+    /// sparse object is an error, not a short folio.
+    #[test]
+    fn both_lz4_decoders_read_sparse_and_dense_objects() {
+        let codec = Codec::new(Compressor::Lz4, Compressor::None);
+        let mut scratch = CodecScratch::new();
+        let mut sparse = vec![0u8; 4096];
+        for (i, at) in [8usize, 1000, 2048, 4088].into_iter().enumerate() {
+            sparse[at..at + 8].copy_from_slice(&(0x9E37_79B9_7F4A_7C15u64 * (i as u64 + 1)).to_le_bytes());
+        }
+        for (input, is_sparse) in [(sparse, true), (sample(4096, 5), false)] {
+            let n = codec.compress(&input, &mut scratch).unwrap();
+            let payload = &scratch.out[1..n];
+            assert_eq!(payload.len() * DENSE_LZ4.1 < input.len() * DENSE_LZ4.0, is_sparse, "{} bytes", payload.len());
+            let mut back = vec![0u8; input.len()];
+            codec.decompress(&scratch.out[..n], &mut back).unwrap();
+            assert_eq!(back, input);
+            let mut by_liblz4 = vec![0u8; input.len()];
+            assert_eq!(lz4_decompress_sparse(payload, &mut by_liblz4), Ok(input.len()));
+            let mut by_flex = vec![0u8; input.len()];
+            assert_eq!(lz4_flex::block::decompress_into(payload, &mut by_flex).unwrap(), input.len());
+            assert!(by_liblz4 == input && by_flex == input);
+            if is_sparse {
+                assert!(codec.decompress(&scratch.out[..n / 2], &mut back).is_err());
+                assert!(codec.decompress(&scratch.out[..n], &mut back[..2048]).is_err());
+            }
+        }
     }
 
     /// Random letters and digits: no 4-byte string repeats, so lz4 finds nothing.
