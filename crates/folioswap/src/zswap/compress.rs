@@ -244,7 +244,7 @@ mod tests {
         let mut scratch = CodecScratch::new();
         let mut sparse = vec![0u8; 4096];
         for (i, at) in [8usize, 1000, 2048, 4088].into_iter().enumerate() {
-            sparse[at..at + 8].copy_from_slice(&(0x9E37_79B9_7F4A_7C15u64 * (i as u64 + 1)).to_le_bytes());
+            sparse[at..at + 8].copy_from_slice(&0x9E37_79B9_7F4A_7C15u64.wrapping_mul(i as u64 + 1).to_le_bytes());
         }
         for (input, is_sparse) in [(sparse, true), (sample(4096, 5), false)] {
             let n = codec.compress(&input, &mut scratch).unwrap();
