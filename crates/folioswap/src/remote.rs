@@ -138,6 +138,9 @@ struct Shared {
     /// Wakes the lease thread (deletions queued, or stop).
     wake: Condvar,
     stop: AtomicBool,
+    /// Writes on their way to the cluster: closing waits for them, so that none lands a
+    /// key after the close has deleted the others (and the process has exited).
+    writing: AtomicU32,
     swpout: AtomicU64,
     swpin: AtomicU64,
     errors: AtomicU64,
@@ -211,6 +214,7 @@ impl RemoteTier {
             keys: Mutex::new(Keys::default()),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
+            writing: AtomicU32::new(0),
             swpout: AtomicU64::new(0),
             swpin: AtomicU64::new(0),
             errors: AtomicU64::new(0),
@@ -309,7 +313,17 @@ impl Shared {
     /// Store one run: sealed pages under a new key, acknowledged by a replica if the
     /// cluster has them.
     fn write_runs(&self, ios: &[(u64, &[u8])]) -> io::Result<()> {
-        if self.stop.load(Ordering::Acquire) {
+        // Counted before the stop is read, both SeqCst: either `close_once` sees this
+        // write and waits for it, or this write sees the stop and sends nothing.
+        self.writing.fetch_add(1, Ordering::SeqCst);
+        struct Written<'a>(&'a AtomicU32);
+        impl Drop for Written<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let _written = Written(&self.writing);
+        if self.stop.load(Ordering::SeqCst) {
             return Err(io::Error::other(format!("the remote tier {}: the engine has closed it", self.spec)));
         }
         let start = Instant::now();
@@ -645,10 +659,17 @@ impl RemoteTier {
     /// reads fail from then on. Once; dropping the tier does it too.
     fn close_once(&self) {
         let s = &self.shared;
-        if s.stop.swap(true, Ordering::AcqRel) {
+        if s.stop.swap(true, Ordering::SeqCst) {
             return;
         }
         s.wake.notify_all();
+        // A write already on its way deletes its own keys when it finds the tier closed;
+        // wait for it, or the process could exit with its key just stored. A write gives
+        // up within the timeout.
+        let until = Instant::now() + s.timeout + Duration::from_secs(1);
+        while s.writing.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let mut keys = s.keys.lock().unwrap();
         let mut all = std::mem::take(&mut keys.doomed);
         all.extend(keys.live.drain().map(|(first, (write, _))| s.key(first as u64, write)));
