@@ -268,13 +268,12 @@ fn install(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, how: Tran
 ///
 /// Without the gate: a wake changes no memory, and one that an UNMAP or REMAP read
 /// meanwhile sends to an address the folio has left only makes whatever waits there
-/// fault again. A 4 KiB folio's address is one piece lookup, with no run list built.
+/// fault again.
 pub(crate) fn wake_folio(mm: &Mm, table: &FolioTable, target: usize, folio: FolioSize) {
     if mm.config.fault_mode != crate::config::FaultMode::Thread {
         return;
     }
-    let addr = if folio == FolioSize::K4 { table.addr_of(target) } else { table.folio_addr(target, folio.pages()) };
-    if let Some(addr) = addr {
+    if let Some(addr) = table.folio_addr(target, folio.pages()) {
         mm.uffd.wake(addr, folio.bytes());
     }
 }

@@ -108,10 +108,11 @@ impl FolioTable {
         runs
     }
 
-    /// Whether the folio's pages are mapped in one contiguous run (then it can move whole).
+    /// Whether the folio's pages are mapped in one contiguous run (then it can move whole):
+    /// the address of `[head, head + pages)` when one piece holds all of it.
     pub fn folio_addr(&self, head: usize, pages: usize) -> Option<usize> {
-        let runs = self.mapped_runs(head, pages);
-        (runs.len() == 1 && runs[0].pages == pages).then(|| runs[0].addr)
+        let pieces = self.pieces.read().unwrap();
+        pieces.iter().find(|p| head >= p.page && head + pages <= p.page + p.pages).map(|p| p.addr + (head - p.page) * PAGE_SIZE)
     }
 
     /// Make the large folio at `head` `pages` order-0 folios, one per page. The caller

@@ -160,7 +160,7 @@ fn lz4_decompress_sparse(payload: &[u8], dst: &mut [u8]) -> Result<usize, String
     // bytes; LZ4_decompress_safe never reads or writes outside them, whatever the input,
     // and returns the bytes written or a negative count for a malformed block.
     let n = unsafe { lz4_sys::LZ4_decompress_safe(payload.as_ptr().cast(), dst.as_mut_ptr().cast(), src_len, dst_len) };
-    usize::try_from(n).map_err(|_| format!("lz4: malformed block (liblz4 stopped at input offset {})", -(n as i64)))
+    usize::try_from(n).map_err(|_| format!("lz4: malformed block ({} bytes for a {}-byte folio)", payload.len(), dst.len()))
 }
 
 /// Encode `input` with `compressor` into `out` (tag byte first), taking a zstd context
