@@ -198,6 +198,25 @@ fn pin_to_cpu(cpu: Option<usize>) {
     }
 }
 
+/// End the process after an engine thread panicked: the program's faults would otherwise
+/// wait forever on a thread that is gone (and poison locks the others need). The message
+/// goes to the real stderr, not through `eprintln!`: a test harness captures a spawned
+/// thread's printing too, and the abort would lose it with the panic's own message.
+fn abort_after_panic(payload: &(dyn std::any::Any + Send)) -> ! {
+    use std::io::Write;
+    let what = match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
+        (Some(text), _) => text,
+        (_, Some(text)) => text.as_str(),
+        _ => "a panic without a message",
+    };
+    let name = std::thread::current().name().unwrap_or("engine thread").to_string();
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "folioswap: {name} panicked: {what}\nfolioswap: the engine cannot serve faults without it, so the process aborts"
+    );
+    std::process::abort();
+}
+
 impl Engine {
     /// Start an engine: opens its userfaultfds and its swap file (the configured one, or
     /// one made on demand: `Config::auto_swap_file`), and starts its reclaim threads (and
@@ -328,13 +347,8 @@ impl Engine {
             let run = move || {
                 pin_to_cpu(cpu);
                 let _ = started.send(());
-                // A panic here would leave the program's faults waiting forever on a
-                // thread that is gone (and poison locks the others need): end the
-                // process instead, after the panic's own message.
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(s))).is_err() {
-                    let name = std::thread::current().name().unwrap_or("engine thread").to_string();
-                    eprintln!("folioswap: {name} panicked; the engine cannot serve faults without it, so the process aborts");
-                    std::process::abort();
+                if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(s))) {
+                    abort_after_panic(payload.as_ref());
                 }
             };
             let t = std::thread::Builder::new().name(name).spawn(run).map_err(|e| Error::sys("starting an engine thread", e))?;
