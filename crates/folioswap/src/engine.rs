@@ -467,6 +467,7 @@ fn stats(mm: &Mm) -> Stats {
         pool_stored_bytes: mm.tiers.pool_folio_bytes(),
         pool_entries: pool.live_objects(),
         max_pool_bytes: pool.cap(),
+        pool_share_bytes: mm.tiers.charged_pool_share(mm.memcg.limit),
         managed_bytes: mm.managed_bytes.load(Ordering::Relaxed),
         regions: mm.regions.load(Ordering::Relaxed),
         shared_charged_bytes: mm.memcg.shared().map(|s| s.total().load(Ordering::Relaxed)),

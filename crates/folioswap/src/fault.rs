@@ -36,6 +36,7 @@ use crate::gate::{pump_events, read_messages};
 use crate::install::{install_copy, install_slot, install_zero, wake_folio, zero_page, InstallError, Installed};
 use crate::memcg::Component;
 use crate::mm::Mm;
+use crate::pool_share::LoadedFrom;
 use crate::ra_cache::RaRequest;
 use crate::ra_window::swapin_whole;
 use crate::readahead::{install_readahead, readahead_after_fault, start_readahead, swapin_from_file};
@@ -435,6 +436,8 @@ fn fault_swapin(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSiz
         Ok(how) => {
             mm.tiers.free(s.kind(), handle, folio);
             release_after_install(mm, slot, how, huge);
+            let from = if s.kind() == Kind::Pool { LoadedFrom::Pool } else { LoadedFrom::File };
+            mm.tiers.note_swapin(from, mm.lru.distance_since(e.evicted_at()), &mm.lru, mm.memcg.limit);
             let huge = how.thp(huge) && folio.is_huge();
             now_resident(mm, table, target, folio, s, huge, true);
             mm.counters.vm.pgmajfault.inc();

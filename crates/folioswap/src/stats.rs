@@ -389,6 +389,10 @@ pub struct MemoryStat {
     pub pool_stored_bytes: u64,
     pub pool_entries: u64,
     pub max_pool_bytes: u64,
+    /// With the pool charged: how much of memory_high it may hold before writeback moves
+    /// its oldest entries to the swap file, which its swap-ins move (`pool_share.rs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool_share_bytes: Option<u64>,
     /// Bytes of all live regions (virtual).
     pub managed_bytes: u64,
     pub regions: u64,

@@ -29,7 +29,9 @@
 
 use crate::config::Config;
 use crate::folio::{Kind, LOCKED};
+use crate::lru::Lru;
 use crate::memcg::MemCg;
+use crate::pool_share::{Edges, LoadedFrom, PoolShare};
 use crate::reclaim_ctl::ReclaimCtl;
 use crate::size::{FolioSize, PAGE_SIZE};
 use crate::stats::Counters;
@@ -221,8 +223,10 @@ pub(crate) struct Tiers {
     /// store over the memcg's zswap.max). Past that, folios go to the file, so that the
     /// pool (whose footprint writeback cannot always shrink: freed objects leave partly
     /// used pages) never crowds resident memory out of the limit; writeback starts
-    /// earlier, at half (`needs_writeback`).
+    /// earlier, at `pool_share` (`needs_writeback`).
     charged_share: Option<u64>,
+    /// The charged pool's share of the limit, which the swap-ins move (`pool_share.rs`).
+    pub pool_share: PoolShare,
 }
 
 impl Tiers {
@@ -237,6 +241,7 @@ impl Tiers {
             pool_folio_bytes: AtomicU64::new(0),
             accept_threshold_percent: config.accept_threshold_percent as u64,
             min_compression_ratio: config.min_compression_ratio,
+            pool_share: PoolShare::default(),
         }
     }
 
@@ -294,8 +299,8 @@ impl Tiers {
     }
 
     /// Whether the pool should be written back to the swap file now: it was found full
-    /// and is over its accept threshold, or (with `charge_pool`) it holds more than half
-    /// of memory_high.
+    /// and is over its accept threshold, or (with `charge_pool`) it holds more of
+    /// memory_high than its share (`pool_share.rs`).
     pub fn needs_writeback(&self, memcg: &MemCg) -> bool {
         if self.file.is_none() {
             return false;
@@ -310,13 +315,33 @@ impl Tiers {
                 if pool.slack_bytes() > high / 32 {
                     pool.shrink_slack(high / 64);
                 }
-                if footprint > high / 2 {
+                let cap = self.pool_share.cap(high);
+                if footprint > cap {
                     // Populated free pages first: writing entries back only adds to them.
                     pool.shrink_slack(0);
                 }
-                pool.footprint_bytes() > high / 2
+                pool.footprint_bytes() > cap
             });
         over_threshold || over_charge
+    }
+
+    /// With the pool charged to `limit`: how much of it the pool may hold before writeback.
+    pub fn charged_pool_share(&self, limit: Option<u64>) -> Option<u64> {
+        limit.filter(|_| self.charged_share.is_some()).map(|limit| self.pool_share.cap(limit))
+    }
+
+    /// Count a swap-in from the pool or the file, `distance` pages of evictions after
+    /// the folio left, toward the charged pool's share (`pool_share.rs`); every window,
+    /// move the share and measure the pool's edges anew.
+    pub fn note_swapin(&self, from: LoadedFrom, distance: u64, lru: &Lru, limit: Option<u64>) {
+        let Some(limit) = limit.filter(|_| self.charged_share.is_some()) else {
+            return;
+        };
+        if self.pool_share.note_swapin(from, distance) {
+            let reach = lru.distance_since(self.pool_share.writeback_frontier());
+            let pool = &self.zswap.pool;
+            self.pool_share.open_window(Edges::new(limit, self.pool_folio_bytes(), pool.footprint_bytes(), reach));
+        }
     }
 
     /// Store an evicted folio: in the pool, or on the swap file (see the module comment).
@@ -698,5 +723,40 @@ mod tests {
         assert!(!tiers.needs_writeback(&memcg), "an empty pool needs no writeback");
         assert!(pool.slack_bytes() <= high / 64, "slack {} left", pool.slack_bytes());
         assert_eq!(pool.footprint_bytes(), pool.slack_bytes());
+    }
+
+    /// A charged pool is written back once it holds more than its share of the limit;
+    /// swap-ins from the file just past its reach move the share up, to half at most.
+    /// Without a swap file the pool is not charged and has no share.
+    #[test]
+    fn a_charged_pool_is_written_back_past_its_share_which_the_swapins_move() {
+        use crate::pool_share::WINDOW;
+        let high = 32u64 << 20;
+        let config = Config::default().memory_high("32M").unwrap();
+        let zswap = || Zswap::new(Compressor::Lz4, Compressor::None, u64::MAX);
+        assert_eq!(Tiers::new(zswap(), None, &config).charged_pool_share(Some(high)), None);
+        let file = SwapFile::create_sparse(&std::env::temp_dir(), 4 * CLUSTER_SIZE).expect("a sparse swap file in the temp directory");
+        let tiers = Tiers::new(zswap(), Some(SwapDevice::new(Box::new(file), 0, false)), &config);
+        let memcg = MemCg::new(Some(high), true);
+        assert_eq!(tiers.charged_pool_share(Some(high)), Some(high / 8), "the share starts at 1/8");
+        // 6M of pages that do not compress: over 1/8 of the limit, under half.
+        let mut x = 1u64;
+        let mut noise = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (x >> 56) as u8
+        };
+        let pool = &tiers.zswap.pool;
+        let handles: Vec<_> = (0..1536).map(|_| pool.store(&(0..PAGE_SIZE).map(|_| noise()).collect::<Vec<u8>>()).unwrap()).collect();
+        assert!(tiers.needs_writeback(&memcg), "6M of pool over a share of 4M");
+        let edges = Edges::new(high, 6 << 20, pool.footprint_bytes(), 10_000);
+        tiers.pool_share.open_window(edges);
+        for _ in 0..32 * WINDOW {
+            if tiers.pool_share.note_swapin(LoadedFrom::File, 10_100) {
+                tiers.pool_share.open_window(edges);
+            }
+        }
+        assert_eq!(tiers.charged_pool_share(Some(high)), Some(high / 2));
+        assert!(!tiers.needs_writeback(&memcg), "6M of pool under a share of 16M");
+        handles.into_iter().for_each(|h| pool.free(h));
     }
 }

@@ -1,8 +1,10 @@
 //! Pool writeback (mm/zswap.c `zswap_writeback_entry`, `shrink_worker`): when a store
 //! finds the pool full, the reclaimers write its oldest entries back to the swap file
 //! until it is under the accept threshold; with `charge_pool` they also keep the pool
-//! under half of memory_high, so that resident memory is not squeezed out by compressed
-//! memory (`Tiers::needs_writeback`).
+//! under its share of memory_high, which follows what its refaults cost
+//! (`pool_share.rs`), so that resident memory is not squeezed out by compressed memory
+//! (`Tiers::needs_writeback`). Each entry written back marks the pool's reach there
+//! (`PoolShare::note_writeback`).
 //!
 //! The background reclaimers write back a batch at a time (`writeback_batch`, its steps
 //! numbered there): the oldest entries, sorted by address so that a stream's pages get
@@ -142,6 +144,7 @@ pub(crate) fn writeback_batch(mm: &Mm, max: usize) -> usize {
             Ok(placed) => {
                 mm.tiers.free(Kind::Pool, handle, folio);
                 mm.counters.vm.zswpwb.add(folio.pages() as u64);
+                mm.tiers.pool_share.note_writeback(e.evicted_at());
                 publish(mm, &v.table, v.page, folio, s, &placed);
                 apply_pending_after_publish(mm, &v.table, v.page, folio);
                 e.unlock();
