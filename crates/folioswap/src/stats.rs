@@ -400,8 +400,9 @@ pub struct MemoryStat {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shared_charged_bytes: Option<u64>,
     /// How far this process's whole cost (what it charges plus the pool, charged or not)
-    /// is over memory_high now: above zero only where the pool is not charged (no swap
-    /// file) or a shared limit was overrun.
+    /// is over memory_high now: above zero where the pool is not charged (no swap file)
+    /// or a shared limit was overrun, and for a moment while evictions are being stored
+    /// (each holds its folio's charge and its compressed copy at once).
     pub limit_overrun_bytes: u64,
     /// The most it has been over, as seen after each swap-out.
     pub limit_overrun_peak_bytes: u64,

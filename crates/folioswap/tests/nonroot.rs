@@ -53,7 +53,13 @@ fn library_swaps_as_nobody() {
                 fill(&mut r, round);
                 check(&r, round);
             }
-            let after = e.stats();
+            // Evictions in flight hold their folio's charge and its compressed copy at
+            // once: a snapshot taken while one runs can read over the limit. Held still,
+            // none is.
+            let after = {
+                let _still = e.quiesce();
+                e.stats()
+            };
             assert!(after.vm.zswpout > before.vm.zswpout, "{folio}: nothing was swapped out: {:?}", after.vm);
             // The charged pool writes its oldest entries back to the swap file made on
             // demand, so a folio may come back from either tier.
@@ -64,11 +70,24 @@ fn library_swaps_as_nobody() {
     });
 }
 
-/// An address in the first folio of `r`, which a pass over the whole region under a far
-/// smaller limit evicted first (the LRU evicts in fault order when nothing refaults).
-fn oldest(r: &Region) -> *mut u8 {
-    // SAFETY: 4 KiB into a region of 64 MiB.
-    unsafe { r.as_ptr().add(4096) }
+/// The start of the first `len` bytes of `r` (at a 64 KiB boundary) with no page present: a pass over the region under a far smaller limit leaves most of
+/// it swapped out, but which part is the LRU's choice, as /proc/self/pagemap says (bit 63; an ordinary user reads it
+/// too, without frame numbers). Reading it faults nothing in.
+fn swapped_out(r: &Region, len: usize) -> *mut u8 {
+    use std::os::unix::fs::FileExt;
+    let pagemap = std::fs::File::open("/proc/self/pagemap").expect("opening /proc/self/pagemap");
+    let pages = len / 4096;
+    let mut entries = vec![0u8; 8 * pages];
+    for offset in (0..r.len() - len).step_by(64 * 1024) {
+        let addr = r.as_ptr() as usize + offset;
+        pagemap.read_exact_at(&mut entries, (addr / 4096 * 8) as u64).expect("reading /proc/self/pagemap");
+        let present = entries.chunks_exact(8).any(|e| u64::from_le_bytes(e.try_into().unwrap()) >> 63 == 1);
+        if !present {
+            // SAFETY: `offset + len` lies inside the region.
+            return unsafe { r.as_ptr().add(offset) };
+        }
+    }
+    panic!("no {len} bytes of the region are swapped out after a pass over four times the limit");
 }
 
 fn pipe() -> (i32, i32) {
@@ -97,7 +116,8 @@ fn syscalls_need_prefault_as_nobody() {
         let stack = [0u8; 64];
         assert_eq!(kernel_buffer_probe(stack.as_ptr(), stack.len()), KernelBuffer::Unaffected);
         let want = if user_mode_only { KernelBuffer::NeedsPrefault } else { KernelBuffer::Unaffected };
-        assert_eq!(kernel_buffer_probe(oldest(&r), len), want);
+        let at = swapped_out(&r, len);
+        assert_eq!(kernel_buffer_probe(at, len), want);
 
         // read(2) into it.
         let payload: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
@@ -106,38 +126,42 @@ fn syscalls_need_prefault_as_nobody() {
         assert_eq!(unsafe { libc::write(wr, payload.as_ptr().cast(), len) }, len as isize);
         if user_mode_only {
             // SAFETY: reads into the region (mapped, ours); the kernel refuses the copy.
-            let n = unsafe { libc::read(rd, oldest(&r).cast(), len) };
+            let n = unsafe { libc::read(rd, at.cast(), len) };
             assert_eq!((n, errno()), (-1, libc::EFAULT), "read(2) into swapped-out memory in user-mode-only mode");
         }
         // Reclaim may still be running down to its watermark and would evict pages between
         // the prefault and the call (the wrappers retry for that); held still, it cannot.
         let still = e.quiesce();
-        assert_eq!(prefault_for_kernel(oldest(&r), len, false), user_mode_only);
+        assert_eq!(prefault_for_kernel(at, len, false), user_mode_only);
         // SAFETY: as above, now resident.
-        let n = unsafe { libc::read(rd, oldest(&r).cast(), len) };
+        let n = unsafe { libc::read(rd, at.cast(), len) };
         assert_eq!(n, len as isize, "read(2) after prefault_for_kernel: {}", std::io::Error::last_os_error());
         drop(still);
         // SAFETY: reading the bytes just read into the region.
-        let got = unsafe { std::slice::from_raw_parts(oldest(&r), len) };
+        let got = unsafe { std::slice::from_raw_parts(at, len) };
         assert!(got == &payload[..], "read(2) put other bytes into the region");
 
-        // write(2) from it, after another pass has pushed it out again.
+        // write(2) from swapped-out memory, after another pass. Not necessarily where the
+        // read went: made resident for a system call, that folio went on the active list,
+        // which the pass may leave alone. Held still, reclaim moves nothing between the
+        // search and the calls.
         fill(&mut r, 2);
+        let still = e.quiesce();
+        let at = swapped_out(&r, len);
         if user_mode_only {
             // SAFETY: writes from the region (mapped, ours); the kernel refuses the copy.
-            let n = unsafe { libc::write(wr, oldest(&r).cast(), len) };
+            let n = unsafe { libc::write(wr, at.cast(), len) };
             assert_eq!((n, errno()), (-1, libc::EFAULT), "write(2) from swapped-out memory in user-mode-only mode");
         }
-        let still = e.quiesce();
-        assert_eq!(prefault_for_kernel(oldest(&r), len, false), user_mode_only);
+        assert_eq!(prefault_for_kernel(at, len, false), user_mode_only);
         // SAFETY: as above, now resident.
-        assert_eq!(unsafe { libc::write(wr, oldest(&r).cast(), len) }, len as isize);
+        assert_eq!(unsafe { libc::write(wr, at.cast(), len) }, len as isize);
         drop(still);
         let mut back = vec![0u8; len];
         // SAFETY: reads `len` bytes into a live Vec.
         assert_eq!(unsafe { libc::read(rd, back.as_mut_ptr().cast(), len) }, len as isize);
         // SAFETY: the region's bytes, resident or not.
-        let expected = unsafe { std::slice::from_raw_parts(oldest(&r), len) };
+        let expected = unsafe { std::slice::from_raw_parts(at, len) };
         assert!(back == expected, "write(2) sent other bytes than the region holds");
         check(&r, 2);
         if user_mode_only {

@@ -277,7 +277,12 @@ fn stress_with(mode: FaultMode, compressor: &str, split: bool, swap_file: bool, 
             checked += 1;
         }
     }
-    let stats = engine.stats();
+    // Under quiesce: an eviction in flight holds its folio's charge and its compressed
+    // copy at once, so a snapshot taken meanwhile can read over the limit.
+    let stats = {
+        let _still = engine.quiesce();
+        engine.stats()
+    };
     eprintln!(
         "{mode:?}/{compressor}/split={split}/swap_file={swap_file}/{install}: {checked} cells checked; zswpout {} zswpin {} pswpout {} pswpin {} zswpwb {} fallback {} uffd_remove {} uffd_unmap {} split {} fault_raced {} same_filled {} raw {} swap_ra {} swap_ra_hit {} pgsteal_cluster {}",
         stats.vm.zswpout,
