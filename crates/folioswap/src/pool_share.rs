@@ -30,7 +30,7 @@
 //! the share fixed at one half, GNU sort of random text (which compresses 1.5:1) at 0.6
 //! of its footprint ran 12.1 s, at 5% 4.2 s; CPython's dict at 0.5 was best near 15%,
 //! and at 0.4 near 25% (12% took 21.4 s, 25% 12.2 s, 50% 14.9 s). No fixed share serves
-//! them all. Against the half, with this: sort 17-21% faster at 0.5 and 3-3.7x at 0.6;
+//! them all. Against the half, with this: sort 17-22% faster at 0.5 and 3-3.7x at 0.6;
 //! the dict, whose pool at one half held all it evicted, from 3% faster to 12% slower at
 //! 0.5, faster at 0.6 and 4-23% slower at 0.4 (part of it now on the file).
 //!
