@@ -68,7 +68,7 @@ pub(crate) enum LoadedFrom {
 /// The window's view of the pool, fixed when it opens, in pages of the eviction clock:
 /// `x`, one estimate step of the limit; `reach`, the pool's reach `E`; `beyond`, how much
 /// farther `X` more footprint would reach (`D`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Edges {
     pub x: u64,
     pub reach: u64,

@@ -325,16 +325,21 @@ impl Tiers {
         over_threshold || over_charge
     }
 
+    /// `limit`, where the pool is charged to it.
+    fn charged_limit(&self, limit: Option<u64>) -> Option<u64> {
+        limit.filter(|_| self.charged_share.is_some())
+    }
+
     /// With the pool charged to `limit`: how much of it the pool may hold before writeback.
     pub fn charged_pool_share(&self, limit: Option<u64>) -> Option<u64> {
-        limit.filter(|_| self.charged_share.is_some()).map(|limit| self.pool_share.cap(limit))
+        self.charged_limit(limit).map(|limit| self.pool_share.cap(limit))
     }
 
     /// Count a swap-in from the pool or the file, `distance` pages of evictions after
     /// the folio left, toward the charged pool's share (`pool_share.rs`); every window,
     /// move the share and measure the pool's edges anew.
     pub fn note_swapin(&self, from: LoadedFrom, distance: u64, lru: &Lru, limit: Option<u64>) {
-        let Some(limit) = limit.filter(|_| self.charged_share.is_some()) else {
+        let Some(limit) = self.charged_limit(limit) else {
             return;
         };
         if self.pool_share.note_swapin(from, distance) {
