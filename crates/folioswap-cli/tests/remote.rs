@@ -6,6 +6,8 @@
 //! expire with its lease after a crash).
 
 use serde_json::Value;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -41,9 +43,123 @@ fn port_free(port: u16) -> bool {
     std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
 }
 
+/// The answer of `redis-cli -p PORT ARGS`, empty if it gave none within 10 s (a stopped
+/// server accepts the connection and never answers).
 fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli").arg("-p").arg(port.to_string()).args(args).output().expect("redis-cli runs");
+    let out = Command::new("timeout")
+        .args(["-s", "KILL", "10", "redis-cli", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("timeout(1) runs redis-cli");
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// How long one folioswap command may run before the test stops it and fails.
+const RUN_LIMIT: Duration = Duration::from_secs(300);
+
+/// A command running in its own process group, its output piped; dropped (a test that
+/// failed while it ran), the group is killed, so nothing outlives the test.
+struct Run(Option<Child>);
+
+impl Run {
+    fn start(cmd: &mut Command) -> Run {
+        Run(Some(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn().expect("the command starts")))
+    }
+
+    fn is_running(&mut self) -> bool {
+        self.0.as_mut().unwrap().try_wait().unwrap().is_none()
+    }
+
+    fn kill_group(child: &mut Child) {
+        // SAFETY: kill(2) of the process group of a child this test started and has not
+        // reaped (its group id is its pid: `process_group(0)`).
+        unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
+    }
+
+    /// Wait for the end, bounded: past `limit` the test prints the stacks of the
+    /// command's threads, kills its group and fails, so that a hang is a failure that
+    /// says where, never a test that runs until CI gives up.
+    fn finish(mut self, limit: Duration) -> Output {
+        fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+            std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                if let Some(mut pipe) = pipe {
+                    let _ = pipe.read_to_end(&mut bytes);
+                }
+                bytes
+            })
+        }
+        let mut child = self.0.take().unwrap();
+        let stdout = drain(child.stdout.take());
+        let stderr = drain(child.stderr.take());
+        let deadline = Instant::now() + limit;
+        let (status, stacks) = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break (status, None);
+            }
+            if Instant::now() >= deadline {
+                let stacks = stacks_of(child.id());
+                Run::kill_group(&mut child);
+                break (child.wait().unwrap(), Some(stacks));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let out = Output { status, stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() };
+        if let Some(stacks) = stacks {
+            panic!("the command did not end within {limit:?}; the test killed it. Its threads:\n{stacks}\n{}", describe(&out));
+        }
+        out
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            Run::kill_group(child);
+            let _ = child.wait();
+        }
+    }
+}
+
+fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
+    Run::start(cmd).finish(limit)
+}
+
+/// For each process of the group `pgid` (the command and what it started): each thread's
+/// name, state and kernel stack, then the user stacks from gdb where gdb is installed.
+fn stacks_of(pgid: u32) -> String {
+    let in_group = |pid: &str| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // pid (comm) state ppid pgrp ...: the comm may hold spaces, so count after ')'.
+        stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(2)?.parse::<u32>().ok()) == Some(pgid)
+    };
+    let mut pids: Vec<String> = std::fs::read_dir("/proc")
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|p| p.parse::<u32>().is_ok()).collect())
+        .unwrap_or_default();
+    pids.retain(|p| in_group(p));
+    let mut text = String::new();
+    for pid in pids {
+        text += &format!(
+            "=== process {pid}: {}\n",
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default().replace('\0', " ")
+        );
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            for task in tasks.flatten() {
+                let path = task.path();
+                let read = |f: &str| std::fs::read_to_string(path.join(f)).unwrap_or_default().trim().to_string();
+                let state = read("status").lines().find(|l| l.starts_with("State:")).unwrap_or("").to_string();
+                text += &format!("{} {} {state}\n{}\n", task.file_name().to_string_lossy(), read("comm"), read("stack"));
+            }
+        }
+        let gdb = Command::new("timeout")
+            .args(["-s", "KILL", "60", "gdb", "-p", &pid, "-batch", "-nx", "-ex", "thread apply all bt 30"])
+            .output();
+        match gdb {
+            Ok(out) if out.status.success() => text += &String::from_utf8_lossy(&out.stdout),
+            _ => text += "(no gdb backtrace: gdb is missing or failed)\n",
+        }
+    }
+    text
 }
 
 impl Cluster {
@@ -80,7 +196,7 @@ impl Cluster {
         create.arg("--cluster").arg("create");
         create.args(cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")));
         create.args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"]);
-        let out = create.output().expect("redis-cli --cluster create runs");
+        let out = run_bounded(&mut create, Duration::from_secs(60));
         assert!(out.status.success(), "creating the cluster failed: {}", String::from_utf8_lossy(&out.stdout));
         cluster.wait_until(
             || {
@@ -191,7 +307,7 @@ fn three_masters_carry_2m_and_64k_folios_and_keep_no_key() {
     let _serial = serial();
     let cluster = Cluster::start(3, 0);
     for folio in ["2M", "64K"] {
-        let out = usemem(folio, "2", &cluster.url()).output().unwrap();
+        let out = run_bounded(&mut usemem(folio, "2", &cluster.url()), RUN_LIMIT);
         let report = verified_report(&out);
         let remote = remote_stat(&report);
         assert_eq!(remote["masters"], 3, "{remote}");
@@ -206,10 +322,22 @@ fn three_masters_carry_2m_and_64k_folios_and_keep_no_key() {
     }
     // An unmodified program under `folioswap run`: its engine is never dropped, and the
     // keys go at exit all the same.
-    let out = Command::new(FOLIOSWAP)
-        .args(["run", "--memory-high", "32M", "--max-pool", "4M", "--remote-tier", &cluster.url(), "--", "python3", "-c", PROGRAM])
-        .output()
-        .unwrap();
+    let out = run_bounded(
+        Command::new(FOLIOSWAP).args([
+            "run",
+            "--memory-high",
+            "32M",
+            "--max-pool",
+            "4M",
+            "--remote-tier",
+            &cluster.url(),
+            "--",
+            "python3",
+            "-c",
+            PROGRAM,
+        ]),
+        RUN_LIMIT,
+    );
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("verified"), "{}", describe(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
     let pswpout: u64 = stderr.split("pswpout ").nth(1).and_then(|r| r.split_whitespace().next()?.parse().ok()).unwrap_or(0);
@@ -234,7 +362,7 @@ print("verified")
 fn a_master_killed_mid_run_loses_nothing() {
     let _serial = serial();
     let mut cluster = Cluster::start(3, 1);
-    let mut child = usemem("2M", "40", &cluster.url()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut run = Run::start(&mut usemem("2M", "40", &cluster.url()));
     // Once the engine has keys on every master, kill one.
     cluster.wait_until(
         || {
@@ -246,9 +374,9 @@ fn a_master_killed_mid_run_loses_nothing() {
     // The node the engine was told about: the client must not need it once it is gone.
     let victim = cluster.ports[0];
     assert!(cluster.masters().contains(&victim), "the first node is a master (redis-cli --cluster create makes the first ones masters)");
-    assert!(child.try_wait().unwrap().is_none(), "the run ended before a master could be killed: give it more rounds");
+    assert!(run.is_running(), "the run ended before a master could be killed: give it more rounds");
     cluster.kill(victim);
-    let out = child.wait_with_output().unwrap();
+    let out = run.finish(RUN_LIMIT);
     let report = verified_report(&out);
     let remote = remote_stat(&report);
     assert_eq!(remote["wait_replicas"], 1, "every master had a replica: writes wait for one: {remote}");
@@ -264,7 +392,7 @@ fn a_cluster_that_stops_answering_fails_clearly() {
     // At start: the engine refuses to start, naming the tier.
     cluster.signal_all(libc::SIGSTOP);
     let start = Instant::now();
-    let out = usemem("2M", "1", &cluster.url()).output().unwrap();
+    let out = run_bounded(&mut usemem("2M", "1", &cluster.url()), RUN_LIMIT);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{}", describe(&out));
     assert!(stderr.contains("remote tier") && stderr.contains("no node answered"), "{}", describe(&out));
@@ -273,11 +401,11 @@ fn a_cluster_that_stops_answering_fails_clearly() {
 
     // Mid-run: once data is on the cluster, it stops answering. The run must end (SIGBUS
     // with the tier and key named), not hang, and never verify wrong data as right.
-    let child = usemem("64K", "400", &cluster.url()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let run = Run::start(&mut usemem("64K", "400", &cluster.url()));
     cluster.wait_until(|| cluster.engine_keys().len() > 100, "the run has keys on the cluster");
     cluster.signal_all(libc::SIGSTOP);
     let stopped = Instant::now();
-    let out = child.wait_with_output().unwrap();
+    let out = run.finish(RUN_LIMIT);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&out.status), Some(libc::SIGBUS), "{}", describe(&out));
     assert!(stderr.contains("the remote tier redis://") && stderr.contains("key fsw:"), "{}", describe(&out));
