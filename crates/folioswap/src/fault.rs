@@ -673,31 +673,61 @@ pub fn replace_chained_sigbus(action: Option<&libc::sigaction>) -> Option<libc::
 }
 
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
+    // The handler runs inside whatever the thread was doing, which may be reading errno
+    // across the access (callers of strcoll check it), and the engine's system calls may
+    // fail on the way to a fault served (an install that meets a queued event: EAGAIN,
+    // then the queue is read until it answers EAGAIN): errno goes back as it was.
+    let errno = KeptErrno::now();
+    if serve_sigbus(info) {
+        return;
+    }
+    drop(errno);
+    chain_sigbus(sig, info, context);
+}
+
+/// Serve a SIGBUS that is a fault on managed memory: true if it was one (served, or
+/// failed with the default action restored so that the process dies of it).
+fn serve_sigbus(info: *mut libc::siginfo_t) -> bool {
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
     let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
     // A SIGBUS sent by a process (kill, raise, sigqueue: si_code <= 0) carries no fault
     // address, only fields that share its place.
     if code <= 0 {
-        return chain_sigbus(sig, info, context);
+        return false;
     }
-    if let Some((entry, _)) = ADDRESS_MAP.lookup(addr) {
-        match handle_fault(&entry.engine, addr) {
-            FaultOutcome::Served => return,
-            FaultOutcome::Failed(err) => {
-                entry.engine.counters.vm.oom_kill.inc();
-                let text = format!("folioswap: fault at {addr:#x} failed: {err}\n");
-                // SAFETY: write(2) to stderr from a live buffer; then the default action is
-                // restored so that returning re-faults and the process dies of SIGBUS.
-                unsafe {
-                    libc::write(2, text.as_ptr().cast(), text.len());
-                    libc::signal(libc::SIGBUS, libc::SIG_DFL);
-                }
-                return;
+    let Some((entry, _)) = ADDRESS_MAP.lookup(addr) else { return false };
+    match handle_fault(&entry.engine, addr) {
+        FaultOutcome::Served => true,
+        FaultOutcome::Failed(err) => {
+            entry.engine.counters.vm.oom_kill.inc();
+            let text = format!("folioswap: fault at {addr:#x} failed: {err}\n");
+            // SAFETY: write(2) to stderr from a live buffer; then the default action is
+            // restored so that returning re-faults and the process dies of SIGBUS.
+            unsafe {
+                libc::write(2, text.as_ptr().cast(), text.len());
+                libc::signal(libc::SIGBUS, libc::SIG_DFL);
             }
-            FaultOutcome::NotOurs => {}
+            true
         }
+        FaultOutcome::NotOurs => false,
     }
-    chain_sigbus(sig, info, context);
+}
+
+/// The calling thread's errno when taken, put back when dropped.
+struct KeptErrno(libc::c_int);
+
+impl KeptErrno {
+    fn now() -> KeptErrno {
+        // SAFETY: errno is the calling thread's own.
+        KeptErrno(unsafe { *libc::__errno_location() })
+    }
+}
+
+impl Drop for KeptErrno {
+    fn drop(&mut self) {
+        // SAFETY: as in `now`; the thread that took it puts it back.
+        unsafe { *libc::__errno_location() = self.0 };
+    }
 }
 
 fn chain_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {

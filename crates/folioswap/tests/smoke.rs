@@ -75,3 +75,53 @@ fn copy_thread_2m() {
 fn copy_signal_2m() {
     run_with(FaultMode::Signal, "2M", 128 << 20, "32M", InstallMode::Copy);
 }
+
+/// Signal mode serves a fault inside the interrupted code, which may be reading errno
+/// across the access (GNU sort's strcoll check failed with "Resource temporarily
+/// unavailable" until the handler kept errno): every swap-in leaves errno as it was, also
+/// one whose install met an event queued by the program's own madvise (EAGAIN, then the
+/// queue read until it answers EAGAIN again).
+#[test]
+fn signal_mode_keeps_the_interrupted_errno() {
+    const SENTINEL: i32 = 12345;
+    let engine = Engine::new(Config::default().memory_high("8M").unwrap().fault_mode(FaultMode::Signal)).unwrap();
+    let mut r = engine.map(32 << 20, RegionOptions::default().folio_size("4K").unwrap()).unwrap();
+    let mut churn = engine.map(1 << 20, RegionOptions::default().folio_size("4K").unwrap()).unwrap();
+    let churn = churn.as_mut_slice();
+    let words = r.len() / 8;
+    let p = r.as_mut_slice().as_mut_ptr() as *mut u64;
+    for j in 0..words {
+        // SAFETY: `j` < words, inside the region, which outlives the loop.
+        unsafe { *p.add(j) = j as u64 };
+    }
+    let swapins_before = engine.stats().vm.zswpin + engine.stats().vm.pswpin;
+    // SAFETY: errno is this thread's.
+    let errno = unsafe { libc::__errno_location() };
+    let (mut changed, mut bad) = (0, 0);
+    // Passes over the region, each page read once: the race with the event thread is
+    // met a few times per pass.
+    for (k, j) in (0..8).flat_map(|_| (0..words).step_by(512)).enumerate() {
+        // An event queued just before the fault: a page of the other region dropped.
+        let page = &mut churn[(k % 256) * 4096..][..4096];
+        page[0] = 1;
+        // SAFETY: madvise(2) on a page of a live managed region; its contents may go.
+        unsafe { libc::madvise(page.as_mut_ptr().cast(), 4096, libc::MADV_DONTNEED) };
+        // Volatile, so that neither access to errno is folded across the load that faults.
+        // SAFETY: errno is this thread's; `j` < words, inside the region.
+        let word = unsafe {
+            errno.write_volatile(SENTINEL);
+            let word = p.add(j).read_volatile();
+            if errno.read_volatile() != SENTINEL {
+                changed += 1;
+            }
+            word
+        };
+        if word != j as u64 {
+            bad += 1;
+        }
+    }
+    let swapins = engine.stats().vm.zswpin + engine.stats().vm.pswpin - swapins_before;
+    assert!(swapins > 0, "nothing was swapped in: the test saw no fault served by the handler");
+    assert_eq!(bad, 0, "words read back wrong");
+    assert_eq!(changed, 0, "errno changed across {changed} of the reads ({swapins} swap-ins served in the handler)");
+}
