@@ -12,7 +12,7 @@
 
 use crate::alloc;
 use crate::inside::within;
-use engine::{Config, Engine, Region, RegionOptions};
+use engine::{Config, Engine, FolioSize, Region, RegionOptions};
 use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -145,10 +145,14 @@ impl State {
     /// managed (unmanaged fallback, or an alignment the folio size does not give).
     pub fn map(&mut self, len: usize, align: usize, origin: Origin) -> Result<Option<*mut c_void>, engine::Error> {
         let Some(engine) = self.engine()? else { return Ok(None) };
-        if align > engine.config().folio_size.bytes() {
+        let most = engine.config().folio_size;
+        if align > most.bytes() {
             return Ok(None);
         }
-        let region = within(|| engine.map(len, RegionOptions::default().keep_on_fork(true)))?;
+        // A block's folio size fits its length (`FolioSize::fitting`), and its alignment.
+        let aligned = FolioSize::from_bytes(align.next_power_of_two() as u64).unwrap_or(FolioSize::K4);
+        let folio = FolioSize::fitting(len, most).max(aligned);
+        let region = within(|| engine.map(len, RegionOptions::default().folio(folio).keep_on_fork(true)))?;
         let addr = region.as_ptr() as usize;
         let block = Block { len: region.len(), requested: len, origin, unmapped: 0, region: Some(region) };
         self.blocks.insert(addr, block);

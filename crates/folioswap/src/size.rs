@@ -152,6 +152,22 @@ impl FolioSize {
     pub const fn pages(self) -> usize {
         1 << self.order
     }
+    /// The folio size for a region of `len` bytes where up to `max` is wanted: the largest
+    /// size up to `max` that maps `len` with at most an eighth of the mapping left over.
+    /// A region is rounded up to its folio size and a large folio is resident whole, so a
+    /// 1 MiB block (CPython's arenas) in 2 MiB folios would hold twice its memory.
+    pub fn fitting(len: usize, max: FolioSize) -> FolioSize {
+        let mut folio = max;
+        while folio.order > 0 {
+            let mapped = len.next_multiple_of(folio.bytes());
+            if (mapped - len) * 8 <= mapped {
+                break;
+            }
+            folio = FolioSize { order: folio.order - 1 };
+        }
+        folio
+    }
+
     pub const fn is_huge(self) -> bool {
         self.bytes() == HUGE_SIZE
     }
@@ -231,6 +247,25 @@ pub fn physical_memory() -> u64 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_region_gets_the_largest_folio_that_wastes_at_most_an_eighth() {
+        let (mib, kib) = (1usize << 20, 1usize << 10);
+        let fit = |len: usize, max: FolioSize| FolioSize::fitting(len, max).label();
+        // Multiples of the largest size, and lengths that round up by under an eighth.
+        assert_eq!(fit(2 * mib, FolioSize::M2), "2M");
+        assert_eq!(fit(150 * mib + 32, FolioSize::M2), "2M");
+        assert_eq!(fit(15 * mib, FolioSize::M2), "2M");
+        // CPython's 1 MiB arenas: 2 MiB would be half empty.
+        assert_eq!(fit(mib, FolioSize::M2), "1M");
+        // 1 MiB and a page: 2M, 1M, 512K and 256K leave over an eighth; 128K leaves 124K of 1152K.
+        assert_eq!(fit(mib + 4 * kib, FolioSize::M2), "128K");
+        assert_eq!(fit(2400 * kib, FolioSize::M2), "512K");
+        // Never above the largest wanted, never below 4K.
+        assert_eq!(fit(mib, FolioSize::K64), "64K");
+        assert_eq!(fit(mib + 1, FolioSize::K4), "4K");
+        assert_eq!(fit(4 * kib + 1, FolioSize::M2), "4K");
+    }
 
     #[test]
     fn parses_suffixes() {
