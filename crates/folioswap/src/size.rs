@@ -159,8 +159,9 @@ impl FolioSize {
     pub fn fitting(len: usize, max: FolioSize) -> FolioSize {
         let mut folio = max;
         while folio.order > 0 {
-            let mapped = len.next_multiple_of(folio.bytes());
-            if (mapped - len) * 8 <= mapped {
+            // A length no mapping can hold gets 4K, and the mapping's own error.
+            let mapped = len.checked_next_multiple_of(folio.bytes());
+            if mapped.is_some_and(|mapped| (mapped - len) * 8 <= mapped) {
                 break;
             }
             folio = FolioSize { order: folio.order - 1 };
@@ -265,6 +266,7 @@ mod tests {
         assert_eq!(fit(mib, FolioSize::K64), "64K");
         assert_eq!(fit(mib + 1, FolioSize::K4), "4K");
         assert_eq!(fit(4 * kib + 1, FolioSize::M2), "4K");
+        assert_eq!(fit(usize::MAX, FolioSize::M2), "4K");
     }
 
     #[test]
