@@ -204,6 +204,15 @@ impl Run {
         self.stats()["total"][key].as_u64().unwrap_or_else(|| panic!("stats total has no numeric {key:?}\n{}", self.describe()))
     }
 
+    /// The number the program printed after `key` on a line of its own.
+    fn figure(&self, key: &str) -> u64 {
+        self.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {key} line\n{}", self.describe()))
+    }
+
     fn assert_total_positive(&self, key: &str) {
         assert!(self.total(key) > 0, "expected total {key} > 0\n{}", self.describe());
     }
@@ -498,20 +507,13 @@ fn mebibyte_blocks_cost_a_mebibyte() {
                   bad = sum(m[p << 12:(p << 12) + 4096] != struct.pack('<II', b, p) * 512 for b, m in enumerate(blocks) for p in range(256))\n\
                   print('GROWN', grown)\n\
                   print('BAD', bad)\n";
-    let figure = |run: &Run, key: &str| -> u64 {
-        run.stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {key} line\n{}", run.describe()))
-    };
     let dir = TempDir::new("mebibyte");
     let stats = dir.join("stats.json");
     let run = under(&["--folio", "2M"], Some(&stats), &["python3", "-c", script]);
     run.assert_success();
-    assert_eq!(figure(&run, "BAD "), 0, "pages read back differ\n{}", run.describe());
+    assert_eq!(run.figure("BAD "), 0, "pages read back differ\n{}", run.describe());
     // 48 MiB written; 8 MiB of slack for the interpreter's own pages touched meanwhile.
-    let grown = figure(&run, "GROWN ");
+    let grown = run.figure("GROWN ");
     assert!(grown <= (48 + 8) << 20, "writing 48 blocks of 1 MiB grew RSS by {} MiB\n{}", grown >> 20, run.describe());
     let per_size = &run.stats()["per_process"][0]["stats"]["per_size"];
     assert!(per_size["1024kB"]["anon_fault_alloc"].as_u64().unwrap_or(0) >= 48, "the blocks were not 1 MiB folios\n{}", run.describe());
@@ -519,7 +521,7 @@ fn mebibyte_blocks_cost_a_mebibyte() {
     let stats = dir.join("stats-limited.json");
     let run = under(&["--memory-high", "24M", "--folio", "2M"], Some(&stats), &["python3", "-c", script]);
     run.assert_success();
-    assert_eq!(figure(&run, "BAD "), 0, "pages read back differ after swapping\n{}", run.describe());
+    assert_eq!(run.figure("BAD "), 0, "pages read back differ after swapping\n{}", run.describe());
     assert!(run.total("zswpout") + run.total("pswpout") > 0, "nothing swapped at 24M\n{}", run.describe());
     assert!(run.total("pgmajfault") > 0, "nothing swapped back in at 24M\n{}", run.describe());
 }
@@ -546,13 +548,6 @@ fn incompressible_data_stays_under_the_limit_with_no_flag() {
              print('PEAK', hwm())\n"
         )
     };
-    let figure = |run: &Run, key: &str| -> u64 {
-        run.stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {key} line\n{}", run.describe()))
-    };
     let expected = direct(&["python3", "-c", &script(640)], &[]);
     expected.assert_success();
     let digest = expected.stdout.lines().next().unwrap_or_default().to_string();
@@ -565,7 +560,7 @@ fn incompressible_data_stays_under_the_limit_with_no_flag() {
     run.assert_total_positive("pswpout");
     // The slack: the interpreter's own memory before the buffer (BASE) and 32 MiB for the
     // engine's tables, thread stacks and per-thread buffers, which no limit charges.
-    let (base, peak) = (figure(&run, "BASE "), figure(&run, "PEAK "));
+    let (base, peak) = (run.figure("BASE "), run.figure("PEAK "));
     assert!(
         peak <= base + (256 << 20) + (32 << 20),
         "peak RSS {} MiB over 256M + base {} MiB + 32M slack\n{}",
