@@ -323,6 +323,7 @@ impl Engine {
             gate: RwLock::new(()),
             events: EventQueue::default(),
             deferred_faults: Mutex::new(VecDeque::new()),
+            unserved: Default::default(),
             prefaulting: AtomicUsize::new(0),
             // SAFETY: `kick` was just created and is owned by nobody else.
             kick_fd: unsafe { OwnedFd::from_raw_fd(kick) },

@@ -56,7 +56,7 @@ use std::time::Instant;
 pub(crate) enum FaultOutcome {
     Served,
     /// The address is not (or no longer) managed memory.
-    NotOurs,
+    NotOurs(Unserved),
     /// The fault cannot be served.
     Failed(FaultError),
 }
@@ -90,6 +90,29 @@ impl fmt::Display for FaultError {
     }
 }
 
+/// Why a fault at an address was found not to be this engine's to serve. Normally the
+/// program unmapped the address while its fault was on the way: woken, its thread faults
+/// again on whatever is mapped there now. The same address found so again and again is
+/// an engine that lost track of a page (`Mm::unserved`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unserved {
+    /// No region holds the address.
+    NoRegion,
+    /// The page's UNMAP event was applied: it is Gone.
+    Gone,
+    /// None of the region's mapped pieces holds the page.
+    NoPiece,
+    /// The kernel would not install at the address (ENOENT, EINVAL, EFAULT): its range is
+    /// no longer registered.
+    InstallRefused,
+}
+
+/// How many times in a row (no pause over 100 ms) one address may be found not ours
+/// before the engine gives up on it: a program's unmap in flight lets a fault come back a
+/// few hundred times at most (until the `munmap` takes `mmap_lock`); past this the engine
+/// itself lost the page, and waking the thread again would spin it forever.
+const UNSERVED_STREAK_LIMIT: u32 = 1 << 16;
+
 /// What one attempt at resolving a fault came to.
 enum Step {
     Done(FolioSize),
@@ -103,7 +126,7 @@ enum Step {
         planned: Option<Option<RaRequest>>,
     },
     Retry,
-    NotOurs,
+    NotOurs(Unserved),
     Fail(FaultError),
 }
 
@@ -146,7 +169,29 @@ pub(crate) fn fault_thread(mm: Arc<Mm>) {
 fn serve_message(mm: &Arc<Mm>, addr: usize, tid: u32) {
     match handle_fault(mm, addr) {
         FaultOutcome::Served => {}
-        FaultOutcome::NotOurs => mm.uffd.wake(addr & !(PAGE_SIZE - 1), PAGE_SIZE),
+        FaultOutcome::NotOurs(why) => {
+            let page_addr = addr & !(PAGE_SIZE - 1);
+            if mm.unserved.count(page_addr) >= UNSERVED_STREAK_LIMIT {
+                let state = ADDRESS_MAP.lookup(addr).map(|(entry, page)| {
+                    let e = entry.table.entry(entry.table.head_of(page));
+                    format!(
+                        "page {page} of a {} region, its folio's head {:?}, the page {:?}",
+                        entry.table.folio,
+                        e.load(),
+                        entry.table.entry(page).load()
+                    )
+                });
+                mm.counters.vm.oom_kill.inc();
+                eprintln!(
+                    "folioswap: BUG: the fault at {addr:#x} in thread {tid} was found not ours ({why:?}) {UNSERVED_STREAK_LIMIT} times in a row ({}); sending SIGBUS rather than waking it forever",
+                    state.unwrap_or_else(|| "in no region".into())
+                );
+                // SAFETY: tgkill only sends a signal to a thread of this process.
+                unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid as libc::c_int, libc::SIGBUS) };
+                return;
+            }
+            mm.uffd.wake(page_addr, PAGE_SIZE)
+        }
         FaultOutcome::Failed(err) => {
             mm.counters.vm.oom_kill.inc();
             eprintln!("folioswap: fault at {addr:#x} in thread {tid} failed: {err}; sending SIGBUS");
@@ -168,7 +213,7 @@ fn handle_fault_timed(mm: &Arc<Mm>, addr: usize) -> FaultOutcome {
     let start = Instant::now();
     loop {
         let Some((entry, page)) = ADDRESS_MAP.lookup(addr) else {
-            return FaultOutcome::NotOurs;
+            return FaultOutcome::NotOurs(Unserved::NoRegion);
         };
         if entry.engine.id != mm.id {
             return handle_fault(&entry.engine, addr);
@@ -198,7 +243,7 @@ fn handle_fault_timed(mm: &Arc<Mm>, addr: usize) -> FaultOutcome {
                 return FaultOutcome::Served;
             }
             Step::Retry => continue,
-            Step::NotOurs => return FaultOutcome::NotOurs,
+            Step::NotOurs(why) => return FaultOutcome::NotOurs(why),
             Step::Fail(err) => return FaultOutcome::Failed(err),
         }
     }
@@ -259,7 +304,7 @@ fn resolve(mm: &Mm, table: &Arc<FolioTable>, page: usize) -> Step {
             fault_swapin(mm, table, target, folio, s)
         }
         Kind::Pool | Kind::Swapped => fault_swapin(mm, table, target, folio, s),
-        Kind::Gone => Step::NotOurs,
+        Kind::Gone => Step::NotOurs(Unserved::Gone),
     };
     e.unlock();
     if let Step::Done(folio) | Step::SwappedIn { folio, .. } = step {
@@ -277,7 +322,7 @@ fn resolve(mm: &Mm, table: &Arc<FolioTable>, page: usize) -> Step {
 fn fill_hole(mm: &Mm, table: &Arc<FolioTable>, page: usize) -> Step {
     let _gate = mm.gate.read().unwrap();
     let Some(addr) = table.addr_of(page) else {
-        return Step::NotOurs;
+        return Step::NotOurs(Unserved::NoPiece);
     };
     match mm.uffd.copy(addr, zero_page(), PAGE_SIZE, true) {
         Ok(()) => {}
@@ -295,7 +340,7 @@ fn fill_hole(mm: &Mm, table: &Arc<FolioTable>, page: usize) -> Step {
             pump_events(mm);
             return Step::Retry;
         }
-        Err(_) => return Step::NotOurs,
+        Err(_) => return Step::NotOurs(Unserved::InstallRefused),
     }
     Step::Done(FolioSize::K4)
 }
@@ -583,7 +628,7 @@ fn map_copy(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize) -> 
 fn failed(err: FaultError) -> Step {
     match err {
         FaultError::Install(InstallError::Pending) => Step::Retry,
-        FaultError::Install(InstallError::Unmapped) => Step::NotOurs,
+        FaultError::Install(InstallError::Unmapped) => Step::NotOurs(Unserved::InstallRefused),
         err => Step::Fail(err),
     }
 }
@@ -709,7 +754,7 @@ fn serve_sigbus(info: *mut libc::siginfo_t) -> bool {
             }
             true
         }
-        FaultOutcome::NotOurs => false,
+        FaultOutcome::NotOurs(_) => false,
     }
 }
 

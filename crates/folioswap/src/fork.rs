@@ -141,7 +141,7 @@ fn swap_in_for_fork(mm: &Arc<Mm>) {
 fn bring_back(mm: &Arc<Mm>, addr: usize) -> bool {
     match handle_fault(mm, addr) {
         FaultOutcome::Served => true,
-        FaultOutcome::NotOurs => false,
+        FaultOutcome::NotOurs(_) => false,
         FaultOutcome::Failed(_) => {
             // SAFETY: `addr` is in a mapped region (the fault was ours); the read faults it
             // and the engine fails that fault the usual way.

@@ -31,7 +31,7 @@
 //! | leaf | `events.pending`, `events.to_walk` | events marked and not yet applied | |
 //! | leaf | `lru` lists, `tiers.pool_lru` | eviction and writeback order | |
 //! | leaf | `ra` cache and queue | readahead copies, requests | |
-//! | leaf | staging batches, `deferred_faults`, `reclaim` wait queues | | |
+//! | leaf | staging batches, `deferred_faults`, `unserved`, `reclaim` wait queues | | |
 //! | leaf | `own_zaps` (`own_zaps.rs`) | the engine's own MADV_DONTNEEDs in flight (copy mode) | taken under the gate (write) when an event is read |
 //!
 //! The pool (`zswap/zpool.rs`) and the swap file's slot allocator (`swapfile/cluster.rs`)
@@ -53,6 +53,7 @@ use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 pub(crate) struct Mm {
     pub id: u64,
@@ -79,6 +80,8 @@ pub(crate) struct Mm {
     pub events: EventQueue,
     /// Faults read by a thread that could not serve them at once (thread mode).
     pub deferred_faults: Mutex<VecDeque<(usize, u32)>>,
+    /// Addresses whose faults were found not ours, and how often in a row (`fault.rs`).
+    pub unserved: Streaks,
     /// Buffers being made resident for a system call (`kernel_access.rs`): while any is,
     /// large folios swap in whole whatever `swapin_enabled` says, so that a buffer comes
     /// back in a few faults rather than page by page, each page evictable again before
@@ -124,4 +127,54 @@ pub(crate) enum Reclaimed {
     /// The pool is full and there is nowhere else to put folios (no swap file, or a full
     /// or failing one).
     PoolFull,
+}
+
+/// Keys seen again and again, a few at once: each key's count of sightings in a row, a
+/// row ending where a key went unseen for `Streaks::GAP`. The least recently seen key
+/// gives its slot to a new one.
+#[derive(Default)]
+pub(crate) struct Streaks(Mutex<[Option<(usize, u32, Instant)>; 8]>);
+
+impl Streaks {
+    /// Sightings further apart than this start a new row.
+    const GAP: Duration = Duration::from_millis(100);
+
+    /// Count `key` once more; how many times in a row it has now been seen.
+    pub fn count(&self, key: usize) -> u32 {
+        let now = Instant::now();
+        let mut slots = self.0.lock().unwrap();
+        let at = match slots.iter().position(|s| matches!(s, Some((k, ..)) if *k == key)) {
+            Some(at) => at,
+            None => {
+                let stalest = slots.iter().enumerate().min_by_key(|(_, s)| s.map(|(.., seen)| seen)).map(|(at, _)| at).unwrap_or(0);
+                slots[stalest] = Some((key, 0, now));
+                stalest
+            }
+        };
+        let (_, count, seen) = slots[at].as_mut().expect("the slot was just found or filled");
+        *count = if now.duration_since(*seen) > Self::GAP { 1 } else { count.saturating_add(1) };
+        *seen = now;
+        *count
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Streaks;
+
+    #[test]
+    fn streaks_count_each_key_in_a_row_and_give_the_stalest_slot_away() {
+        let streaks = Streaks::default();
+        for _ in 0..3 {
+            for key in 0..8 {
+                streaks.count(key);
+            }
+        }
+        // Eight keys interleaved keep their own rows.
+        assert_eq!(streaks.count(5), 4);
+        // A ninth key takes the slot of the least recently seen (key 0), which starts over.
+        assert_eq!(streaks.count(100), 1);
+        assert_eq!(streaks.count(0), 1);
+        assert_eq!(streaks.count(5), 5);
+    }
 }
