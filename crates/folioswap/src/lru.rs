@@ -9,7 +9,7 @@
 //! the tail of the inactive list when installed; one that refaults within the working-set
 //! distance (fewer pages evicted since it left than memory_high holds) joins the active
 //! list instead, as the kernel's workingset.c does. Eviction takes the inactive head; the
-//! active head is demoted while the inactive list is under a third of the whole, checked
+//! active head is demoted while the inactive list holds under a third of the pages, checked
 //! before each eviction and before a folio joins the inactive list (so that the demoted,
 //! older folios go ahead of it).
 //! `LruPolicy::Fifo` keeps a single list, for comparison (BENCHMARKS.md).
@@ -37,6 +37,10 @@ impl LruEntry {
         FolioSize::from_order(self.order as u32).expect("valid order")
     }
 
+    fn pages(&self) -> usize {
+        1 << self.order
+    }
+
     /// Whether the locked folio, now in state `s`, is still the resident folio this entry
     /// was queued for.
     pub fn is_current(&self, s: State) -> bool {
@@ -44,19 +48,52 @@ impl LruEntry {
     }
 }
 
+/// The two lists and the pages each holds: the balance between them is in pages, as the
+/// kernel's `inactive_is_low` weighs its lists, since one 1 MiB folio's entry holds as
+/// much as 256 entries of 4 KiB pages (counted in entries, a few large folios on the
+/// inactive list let the 4 KiB pages that refaulted onto the active list stay there, hot
+/// or not). Stale entries count until they are popped.
 #[derive(Default)]
 struct Lists {
     inactive: VecDeque<LruEntry>,
     active: VecDeque<LruEntry>,
+    inactive_pages: usize,
+    active_pages: usize,
 }
 
 impl Lists {
-    /// Demote the active head while the inactive list is under a third of all.
+    /// Demote the active head while the inactive list holds under a third of all pages.
     fn balance(&mut self) {
-        while self.inactive.len() * 2 < self.active.len() {
-            let demoted = self.active.pop_front().expect("nonempty");
-            self.inactive.push_back(demoted);
+        while self.inactive_pages * 2 < self.active_pages {
+            let demoted = self.active.pop_front().expect("active pages are on the active list");
+            self.active_pages -= demoted.pages();
+            self.push_inactive(demoted);
         }
+    }
+
+    fn push_inactive(&mut self, entry: LruEntry) {
+        self.inactive_pages += entry.pages();
+        self.inactive.push_back(entry);
+    }
+
+    fn push_active(&mut self, entry: LruEntry) {
+        self.active_pages += entry.pages();
+        self.active.push_back(entry);
+    }
+
+    fn take_inactive(&mut self, at: usize) -> Option<LruEntry> {
+        let entry = self.inactive.remove(at)?;
+        self.inactive_pages -= entry.pages();
+        Some(entry)
+    }
+
+    fn pop_coldest(&mut self) -> Option<LruEntry> {
+        if let Some(entry) = self.take_inactive(0) {
+            return Some(entry);
+        }
+        let entry = self.active.pop_front()?;
+        self.active_pages -= entry.pages();
+        Some(entry)
     }
 }
 
@@ -80,27 +117,27 @@ impl Lru {
         let entry = LruEntry { table, page, order: folio.order() as u8, gen };
         let mut lists = self.lists.lock().unwrap();
         if active {
-            lists.active.push_back(entry);
+            lists.push_active(entry);
         } else {
             // Demote first: the active folios demoted now are older than this one, and
             // must be evicted before it (demoting only at eviction time put them behind
             // it, so a folio that had just faulted in was the first one evicted).
             lists.balance();
-            lists.inactive.push_back(entry);
+            lists.push_inactive(entry);
         }
     }
 
     /// Put a candidate back at the tail (it was busy).
     pub fn requeue(&self, entry: LruEntry) {
-        self.lists.lock().unwrap().inactive.push_back(entry);
+        self.lists.lock().unwrap().push_inactive(entry);
     }
 
     /// The coldest candidate: the inactive head, after demoting active folios while the
-    /// inactive list is under a third of all.
+    /// inactive list holds under a third of all pages.
     pub fn pop(&self) -> Option<LruEntry> {
         let mut lists = self.lists.lock().unwrap();
         lists.balance();
-        lists.inactive.pop_front().or_else(|| lists.active.pop_front())
+        lists.pop_coldest()
     }
 
     /// Pop the coldest of the next `BATCH_LOOKAHEAD` candidates that satisfies `pred`
@@ -108,7 +145,7 @@ impl Lru {
     pub fn pop_near_front_if(&self, pred: impl Fn(&LruEntry) -> bool) -> Option<LruEntry> {
         let mut lists = self.lists.lock().unwrap();
         let at = lists.inactive.iter().take(BATCH_LOOKAHEAD).position(pred)?;
-        lists.inactive.remove(at)
+        lists.take_inactive(at)
     }
 
     pub fn len(&self) -> usize {
@@ -149,6 +186,31 @@ mod tests {
         assert_eq!(order.len(), 7);
         assert_eq!(order[0], 0, "the oldest active folio goes first: {order:?}");
         assert!(order.iter().position(|&p| p == 10).unwrap() >= 2, "{order:?}");
+    }
+
+    #[test]
+    fn the_lists_are_balanced_in_pages_not_entries() {
+        let small = Arc::new(FolioTable::new(FolioSize::K4, 256, 0x1000_0000).unwrap());
+        let m1 = FolioSize::ALL[8];
+        let large = Arc::new(FolioTable::new(m1, 1024, 0x4000_0000).unwrap());
+        let newcomer = Arc::new(FolioTable::new(FolioSize::K4, 16, 0x8000_0000).unwrap());
+        let lru = Lru::default();
+        // Two 1 MiB folios inactive (512 pages), 200 refaulted 4 KiB pages active, then a
+        // page faulted in for the first time.
+        for head in [0, 256] {
+            lru.push(large.clone(), head, m1, 0, false);
+        }
+        for page in 0..200 {
+            lru.push(small.clone(), page, FolioSize::K4, 0, true);
+        }
+        lru.push(newcomer.clone(), 0, FolioSize::K4, 0, false);
+        // 513 inactive pages against 200 active: nothing was demoted ahead of the newcomer
+        // (counted in entries, 3 against 200, 66 active pages would have been).
+        let order: Vec<Arc<FolioTable>> = std::iter::from_fn(|| lru.pop()).map(|e| e.table).take(4).collect();
+        assert!(Arc::ptr_eq(&order[0], &large) && Arc::ptr_eq(&order[1], &large));
+        assert!(Arc::ptr_eq(&order[2], &newcomer), "the newcomer went behind active pages demoted for a list short in entries only");
+        // Then the active pages, demoted oldest first.
+        assert!(Arc::ptr_eq(&order[3], &small));
     }
 
     #[test]
