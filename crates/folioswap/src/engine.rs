@@ -282,9 +282,12 @@ impl Engine {
             InstallMode::Copy => (Uffd::open(0).map_err(open_error)?, None),
         };
         // Both are charged to memory_high, so under a small limit both shrink with it: the
-        // reserve to one 2 MiB slot, a batch slot to 256 KiB filled (an emptying, one TLB
-        // shootdown, per 64 evicted 4 KiB folios instead of 512).
-        let reserve = config.memory_high.map(|m| (m / 32).clamp(2 << 20, 32 << 20)).unwrap_or(32 << 20);
+        // reserve to 256 KiB (a 4 KiB swap-in takes one filled slot and leaves one, so a
+        // few are all it keeps busy; at 41M the former floor of 2M was a twentieth of the
+        // dict's limit, BENCHMARKS.md, "The staging reserve's floor"), a batch slot to
+        // 256 KiB filled (an emptying, one TLB shootdown, per 64 evicted 4 KiB folios
+        // instead of 512).
+        let reserve = config.memory_high.map(|m| (m / 128).clamp(256 << 10, 32 << 20)).unwrap_or(32 << 20);
         let batch_bytes = config.memory_high.map(|m| (m / 64).clamp(256 << 10, 2 << 20)).unwrap_or(2 << 20);
         let staging = Staging::new(staging_uffd, trash_uffd, reserve as usize, batch_bytes as usize)
             .map_err(|e| Error::sys("setting up staging (pagemap, trash)", e))?;

@@ -482,15 +482,22 @@ impl Staging {
     }
 
     /// Return a slot that still holds pages (its folio was stored). It stays filled for a
-    /// later swap-in while the reserve has room (then it is charged as StagingFree);
-    /// otherwise it is emptied. 2 MiB slots that are not one THP are always emptied, so
-    /// that swap-ins keep getting huge pages.
+    /// later swap-in while the reserve has room, or when the reserve is empty, so that one
+    /// slot of any size can be kept under a reserve smaller than it (then it is charged as
+    /// StagingFree); otherwise it is emptied. 2 MiB slots that are not one THP are always
+    /// emptied, so that swap-ins keep getting huge pages.
     pub fn put_filled(&self, slot: Slot, huge: bool, memcg: &MemCg) {
         let area = self.areas[slot.order as usize].get().expect("mapped");
         let bytes = area.slot_bytes as u64;
         area.give_back(slot.index);
         let keep_shape = area.slot_bytes != HUGE_SIZE || huge;
-        if keep_shape && self.reserved.fetch_add(bytes, Ordering::Relaxed) + bytes <= self.reserve_bytes {
+        if keep_shape
+            && self
+                .reserved
+                .fetch_add(bytes, Ordering::Relaxed)
+                .checked_add(bytes)
+                .is_some_and(|after| after <= self.reserve_bytes || after == bytes)
+        {
             memcg.charge(Component::StagingFree, bytes);
             area.free.lock().unwrap().filled.push((slot.index, huge));
             area.available.notify_one();
