@@ -171,34 +171,33 @@ fn serve_message(mm: &Arc<Mm>, addr: usize, tid: u32) {
         FaultOutcome::Served => {}
         FaultOutcome::NotOurs(why) => {
             let page_addr = addr & !(PAGE_SIZE - 1);
-            if mm.unserved.count(page_addr) >= UNSERVED_STREAK_LIMIT {
-                let state = ADDRESS_MAP.lookup(addr).map(|(entry, page)| {
-                    let e = entry.table.entry(entry.table.head_of(page));
-                    format!(
-                        "page {page} of a {} region, its folio's head {:?}, the page {:?}",
-                        entry.table.folio,
-                        e.load(),
-                        entry.table.entry(page).load()
-                    )
-                });
-                mm.counters.vm.oom_kill.inc();
-                eprintln!(
-                    "folioswap: BUG: the fault at {addr:#x} in thread {tid} was found not ours ({why:?}) {UNSERVED_STREAK_LIMIT} times in a row ({}); sending SIGBUS rather than waking it forever",
-                    state.unwrap_or_else(|| "in no region".into())
-                );
-                // SAFETY: tgkill only sends a signal to a thread of this process.
-                unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid as libc::c_int, libc::SIGBUS) };
+            if mm.unserved.count(page_addr) < UNSERVED_STREAK_LIMIT {
+                mm.uffd.wake(page_addr, PAGE_SIZE);
                 return;
             }
-            mm.uffd.wake(page_addr, PAGE_SIZE)
+            let state = ADDRESS_MAP.lookup(addr).map_or_else(
+                || "in no region".to_string(),
+                |(entry, page)| {
+                    let table = &entry.table;
+                    let head = table.entry(table.head_of(page)).load();
+                    format!("page {page} of a {} region, its folio's head {head:?}, the page {:?}", table.folio, table.entry(page).load())
+                },
+            );
+            let reason = format!(
+                "was found not ours ({why:?}) {UNSERVED_STREAK_LIMIT} times in a row ({state}): a page the engine lost (BUG), and waking the thread again would spin it forever"
+            );
+            fail_thread(mm, addr, tid, &reason);
         }
-        FaultOutcome::Failed(err) => {
-            mm.counters.vm.oom_kill.inc();
-            eprintln!("folioswap: fault at {addr:#x} in thread {tid} failed: {err}; sending SIGBUS");
-            // SAFETY: tgkill only sends a signal to a thread of this process.
-            unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid as libc::c_int, libc::SIGBUS) };
-        }
+        FaultOutcome::Failed(err) => fail_thread(mm, addr, tid, &format!("failed: {err}")),
     }
+}
+
+/// The fault at `addr` cannot be served: say why and send its thread SIGBUS.
+fn fail_thread(mm: &Mm, addr: usize, tid: u32, reason: &str) {
+    mm.counters.vm.oom_kill.inc();
+    eprintln!("folioswap: fault at {addr:#x} in thread {tid} {reason}; sending SIGBUS");
+    // SAFETY: tgkill only sends a signal to a thread of this process.
+    unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid as libc::c_int, libc::SIGBUS) };
 }
 
 /// Serve a fault at `addr`. Returns once the folio is mapped (or the fault failed).
