@@ -83,11 +83,9 @@ impl Zswap {
         if is_zero(folio) {
             return Ok(Stored::Zero);
         }
-        let compressed = if pieced && folio.len() > PAGE_SIZE {
-            Some(pieces::compress_pieces(&self.codec, folio, scratch))
-        } else {
-            self.codec.compress(folio, scratch)
-        };
+        let pieced = pieced && folio.len() > PAGE_SIZE;
+        let compressed =
+            if pieced { Some(pieces::compress_pieces(&self.codec, folio, scratch)) } else { self.codec.compress(folio, scratch) };
         let compressed = compressed.filter(|&len| len < folio.len());
         if let Some(min) = min_ratio {
             if !matches!(compressed, Some(len) if folio.len() as f64 >= min * len as f64) {
@@ -95,6 +93,7 @@ impl Zswap {
             }
         }
         let object: &[u8] = match compressed {
+            Some(len) if pieced => &scratch.assembly[..len],
             Some(len) => &scratch.out[..len],
             // Incompressible: store it as it is.
             None => folio,

@@ -28,7 +28,9 @@ fn is_zero_page(page: &[u8]) -> bool {
     page.chunks_exact(8).all(|w| w == [0u8; 8])
 }
 
-/// Encode `folio` as pieces into `scratch.out`. Returns the object's length.
+/// Encode `folio` as pieces into `scratch.assembly` (`scratch.out` holds one piece at a
+/// time, so a thread's scratch keeps one folio-sized buffer, not two). Returns the
+/// object's length.
 pub(crate) fn compress_pieces(codec: &Codec, folio: &[u8], scratch: &mut CodecScratch) -> usize {
     let pages = folio.len() / PAGE_SIZE;
     let mut object = std::mem::take(&mut scratch.assembly);
@@ -47,7 +49,7 @@ pub(crate) fn compress_pieces(codec: &Codec, folio: &[u8], scratch: &mut CodecSc
         object[1 + 4 * i..5 + 4 * i].copy_from_slice(&end.to_le_bytes());
     }
     let len = object.len();
-    scratch.assembly = std::mem::replace(&mut scratch.out, object);
+    scratch.assembly = object;
     len
 }
 
@@ -133,7 +135,7 @@ mod tests {
             let mut scratch = CodecScratch::new();
             let data = folio(16, 1);
             let len = compress_pieces(&codec, &data, &mut scratch);
-            let object = scratch.out[..len].to_vec();
+            let object = scratch.assembly[..len].to_vec();
             let lens: Vec<usize> = pieces(&object, 16).unwrap().map(|p| p.len()).collect();
             assert!(lens.contains(&0) && lens.contains(&PAGE_SIZE) && lens.iter().any(|&l| l > 0 && l < PAGE_SIZE), "{lens:?}");
             let mut back = vec![1u8; data.len()];
@@ -153,7 +155,7 @@ mod tests {
         let mut scratch = CodecScratch::new();
         let data = folio(4, 2);
         let len = compress_pieces(&codec, &data, &mut scratch);
-        let object = scratch.out[..len].to_vec();
+        let object = scratch.assembly[..len].to_vec();
         let mut back = vec![0u8; data.len()];
         assert!(decompress_pieces(&codec, &object[..len - 1], &mut back).is_err());
         assert!(pieces(&object, 5).is_err());
@@ -164,6 +166,30 @@ mod tests {
         assert!(pieces(&bad, 4).is_err());
     }
 
+    /// Each thread that compresses keeps its scratch, outside memory_high: the pieces of a
+    /// folio that does not compress fill a folio-sized buffer, and the scratch must keep
+    /// one such buffer, not two (they took turns, so every compressing thread held two).
+    #[test]
+    fn a_scratch_keeps_one_folio_sized_buffer() {
+        let codec = Codec::new(Compressor::Lz4, Compressor::Zstd { level: 1 });
+        let mut scratch = CodecScratch::new();
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let noise: Vec<u8> = (0..512 * PAGE_SIZE)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect();
+        for _ in 0..3 {
+            let len = compress_pieces(&codec, &noise, &mut scratch);
+            assert!(len > noise.len(), "random pages are kept raw, with the header: {len}");
+        }
+        assert!(scratch.assembly.capacity() >= noise.len());
+        assert!(scratch.out.capacity() < 16 * PAGE_SIZE, "out grew to {} bytes", scratch.out.capacity());
+    }
+
     proptest! {
         #[test]
         fn round_trip_arbitrary_folios(pages in 1usize..32, seed in any::<u64>()) {
@@ -172,7 +198,7 @@ mod tests {
             let data = folio(pages, seed);
             let len = compress_pieces(&codec, &data, &mut scratch);
             let mut back = vec![0u8; data.len()];
-            decompress_pieces(&codec, &scratch.out[..len], &mut back).unwrap();
+            decompress_pieces(&codec, &scratch.assembly[..len], &mut back).unwrap();
             prop_assert_eq!(back, data);
         }
     }
