@@ -42,7 +42,7 @@ pub const RECOMP_ABOVE: (usize, usize) = (3, 4);
 pub struct CodecScratch {
     /// The last encoded object (`Codec::compress` returns its length).
     pub out: Vec<u8>,
-    /// Where a pieced object is put together (`pieces.rs`).
+    /// Where a pieced object is put together, and left for the caller (`pieces.rs`).
     pub(crate) assembly: Vec<u8>,
     /// The secondary codec's output, swapped into `out` when it is the smaller.
     second: Vec<u8>,

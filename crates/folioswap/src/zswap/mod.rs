@@ -83,21 +83,20 @@ impl Zswap {
         if is_zero(folio) {
             return Ok(Stored::Zero);
         }
-        let pieced = pieced && folio.len() > PAGE_SIZE;
-        let compressed =
-            if pieced { Some(pieces::compress_pieces(&self.codec, folio, scratch)) } else { self.codec.compress(folio, scratch) };
-        let compressed = compressed.filter(|&len| len < folio.len());
+        let encoded: Option<&[u8]> = if pieced && folio.len() > PAGE_SIZE {
+            let len = pieces::compress_pieces(&self.codec, folio, scratch);
+            Some(&scratch.assembly[..len])
+        } else {
+            self.codec.compress(folio, scratch).map(|len| &scratch.out[..len])
+        };
+        let compressed = encoded.filter(|object| object.len() < folio.len());
         if let Some(min) = min_ratio {
-            if !matches!(compressed, Some(len) if folio.len() as f64 >= min * len as f64) {
+            if !matches!(compressed, Some(object) if folio.len() as f64 >= min * object.len() as f64) {
                 return Err(StoreError::CompressPoor);
             }
         }
-        let object: &[u8] = match compressed {
-            Some(len) if pieced => &scratch.assembly[..len],
-            Some(len) => &scratch.out[..len],
-            // Incompressible: store it as it is.
-            None => folio,
-        };
+        // Incompressible: store it as it is.
+        let object = compressed.unwrap_or(folio);
         match self.pool.store(object) {
             Ok(handle) => Ok(Stored::Entry { handle, compressed_len: object.len() }),
             Err(PoolError::Full { .. }) | Err(PoolError::OutOfMemory { .. }) | Err(PoolError::TooLarge { .. }) => Err(StoreError::Full),

@@ -114,18 +114,20 @@ mod tests {
             match (i as u64 + seed) % 3 {
                 0 => {}
                 1 => page.iter_mut().enumerate().for_each(|(j, b)| *b = (j / 16) as u8 ^ seed as u8),
-                _ => {
-                    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i as u64;
-                    for b in page.iter_mut() {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        *b = x as u8;
-                    }
-                }
+                _ => fill_random(page, seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i as u64),
             }
         }
         v
+    }
+
+    /// Bytes no codec shrinks (xorshift from `seed`, which must not be 0).
+    fn fill_random(buf: &mut [u8], mut x: u64) {
+        for b in buf.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
     }
 
     #[test]
@@ -173,15 +175,8 @@ mod tests {
     fn a_scratch_keeps_one_folio_sized_buffer() {
         let codec = Codec::new(Compressor::Lz4, Compressor::Zstd { level: 1 });
         let mut scratch = CodecScratch::new();
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let noise: Vec<u8> = (0..512 * PAGE_SIZE)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state as u8
-            })
-            .collect();
+        let mut noise = vec![0u8; 512 * PAGE_SIZE];
+        fill_random(&mut noise, 0x9E37_79B9_7F4A_7C15);
         for _ in 0..3 {
             let len = compress_pieces(&codec, &noise, &mut scratch);
             assert!(len > noise.len(), "random pages are kept raw, with the header: {len}");
