@@ -141,6 +141,8 @@ pub(crate) struct Staging {
     batch_pages: u32,
     areas: [OnceLock<Area>; 10],
     batches: Mutex<Batches>,
+    /// Moves into the trash that met a pinned page and were tried again (`empty`).
+    busy_waits: AtomicU64,
 }
 
 fn madvise(addr: usize, len: usize, advice: i32) -> io::Result<()> {
@@ -196,6 +198,7 @@ impl Staging {
             batch_pages: (batch_bytes / PAGE_SIZE).clamp(1, HUGE_SIZE / PAGE_SIZE) as u32,
             areas: Default::default(),
             batches: Mutex::new(Batches::default()),
+            busy_waits: AtomicU64::new(0),
         })
     }
 
@@ -338,10 +341,7 @@ impl Staging {
         let slot = Slot { order: FolioSize::M2.order(), index };
         let area = self.areas[slot.order as usize].get().expect("mapped");
         area.give_back(slot.index);
-        if self.empty(self.addr(slot), area.slot_bytes).is_ok() {
-            area.free.lock().unwrap().holes.push(slot.index);
-            area.available.notify_one();
-        }
+        self.empty_into_holes(area, slot);
     }
 
     /// The slot's memory. The caller owns the slot (took it and has not put it back), so
@@ -506,10 +506,19 @@ impl Staging {
         if keep_shape {
             self.reserved.fetch_sub(bytes, Ordering::Relaxed);
         }
-        // Emptying can only fail on a kernel error; the slot is then unusable, so leak it.
-        if self.empty(self.addr(slot), area.slot_bytes).is_ok() {
-            area.free.lock().unwrap().holes.push(slot.index);
-            area.available.notify_one();
+        self.empty_into_holes(area, slot);
+    }
+
+    /// Empty a slot nobody holds and make it a hole again. Emptying fails only on a kernel
+    /// error; the slot is then unusable and is lost, said on stderr, since a lost slot
+    /// leaves fewer for the faults that wait for one.
+    fn empty_into_holes(&self, area: &Area, slot: Slot) {
+        match self.empty(self.addr(slot), area.slot_bytes) {
+            Ok(()) => {
+                area.free.lock().unwrap().holes.push(slot.index);
+                area.available.notify_one();
+            }
+            Err(err) => eprintln!("folioswap: emptying staging slot {slot:?} failed, the slot is lost: {err}"),
         }
     }
 
@@ -587,6 +596,17 @@ impl Staging {
                     Ok(()) => moved = piece,
                     Err(err) => {
                         moved += err.done;
+                        if err.errno == libc::EBUSY {
+                            // The page is still pinned by the O_DIRECT read that filled
+                            // it: the kernel wakes the reader before it unpins the pages
+                            // (and defers that to a workqueue when a page is not yet
+                            // dirty). The pin goes soon; a slot given up here instead
+                            // would be lost for good, and once every 4 KiB slot was lost
+                            // a swap-in waited for one forever.
+                            self.busy_waits.fetch_add(1, Ordering::Relaxed);
+                            std::thread::yield_now();
+                            continue;
+                        }
                         if !(err.errno == libc::EEXIST && self.moved_anyway(dst + moved, src + moved)) {
                             *used = at + moved;
                             return Err(io::Error::from_raw_os_error(err.errno));
@@ -605,5 +625,101 @@ impl Staging {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::uffd::FEATURE_MOVE;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::sync::atomic::AtomicBool;
+
+    /// A long-term pin of user pages, as the O_DIRECT read that fills a staging slot holds
+    /// for a moment: an io_uring with the range registered as a fixed buffer. Unpinned
+    /// when dropped.
+    struct Pin {
+        ring: OwnedFd,
+    }
+
+    const IORING_REGISTER_BUFFERS: libc::c_long = 0;
+    const IORING_UNREGISTER_BUFFERS: libc::c_long = 1;
+
+    impl Pin {
+        fn new(addr: usize, len: usize) -> Pin {
+            // struct io_uring_params: 120 bytes the kernel fills in.
+            let mut params = [0u64; 15];
+            // SAFETY: io_uring_setup writes at most sizeof(struct io_uring_params), 120
+            // bytes, into `params`.
+            let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 1, params.as_mut_ptr()) };
+            assert!(
+                fd >= 0,
+                "io_uring_setup failed ({}): this test pins a page with an io_uring fixed buffer; \
+                 enable io_uring (sysctl kernel.io_uring_disabled=0) to run it",
+                io::Error::last_os_error()
+            );
+            // SAFETY: `fd` was just returned by io_uring_setup and is owned by nobody else.
+            let ring = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+            let iov = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len };
+            // SAFETY: the kernel reads one iovec and pins the pages it names, which stay
+            // mapped for the test's duration.
+            let r = unsafe { libc::syscall(libc::SYS_io_uring_register, fd, IORING_REGISTER_BUFFERS, &iov, 1) };
+            assert_eq!(r, 0, "registering a fixed buffer (a pin) failed: {}", io::Error::last_os_error());
+            Pin { ring }
+        }
+    }
+
+    impl Drop for Pin {
+        fn drop(&mut self) {
+            use std::os::fd::AsRawFd;
+            // SAFETY: unregistering takes no argument; it unpins the pages at once.
+            let r = unsafe { libc::syscall(libc::SYS_io_uring_register, self.ring.as_raw_fd(), IORING_UNREGISTER_BUFFERS, 0, 0) };
+            assert_eq!(r, 0, "unregistering the fixed buffer failed: {}", io::Error::last_os_error());
+        }
+    }
+
+    fn move_mode_staging(reserve_bytes: usize) -> Staging {
+        let open = |features| {
+            Uffd::open(features).unwrap_or_else(|e| panic!("this test needs a userfaultfd with UFFDIO_MOVE (root, 6.8+): {e:?}"))
+        };
+        Staging::new(open(FEATURE_MOVE), Some(open(FEATURE_MOVE)), reserve_bytes, HUGE_SIZE).expect("staging")
+    }
+
+    /// A filled 4 KiB slot given back past the reserve is emptied into the trash; while
+    /// its page is still pinned (the O_DIRECT read that filled it not yet unpinned) the
+    /// move fails with EBUSY. It must wait for the pin and come back as a hole: once
+    /// every slot was lost that way, a swap-in waited for one forever (a CI hang).
+    #[test]
+    fn a_slot_emptied_while_pinned_waits_for_the_pin_and_is_not_lost() {
+        let staging = move_mode_staging(0);
+        let memcg = MemCg::new(None, false);
+        let page = FolioSize::K4.order();
+        let kept = staging.take_filled(page).unwrap().slot;
+        let pinned = staging.take_filled(page).unwrap().slot;
+        for slot in [kept, pinned] {
+            // SAFETY: both slots are ours until put back.
+            unsafe { staging.slice_mut(slot) }.fill(0xA5);
+        }
+        // The first fills the (empty) reserve; the second is past it and must be emptied.
+        staging.put_filled(kept, false, &memcg);
+        let pin = Pin::new(staging.addr(pinned), PAGE_SIZE);
+        let returned = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // Unpin only once the emptying has met the pin (or given up: then the
+                // assertions below fail).
+                while staging.busy_waits.load(Ordering::Relaxed) == 0 && !returned.load(Ordering::Relaxed) {
+                    std::thread::yield_now();
+                }
+                drop(pin);
+            });
+            staging.put_filled(pinned, false, &memcg);
+            returned.store(true, Ordering::Relaxed);
+        });
+        assert!(staging.busy_waits.load(Ordering::Relaxed) > 0, "emptying never met the pinned page");
+        let area = staging.areas[page as usize].get().unwrap();
+        assert!(area.free.lock().unwrap().holes.contains(&pinned.index), "the pinned slot was lost, not made a hole again");
+        assert_eq!(staging.pagemap.present_bytes(staging.addr(pinned), PAGE_SIZE).unwrap(), 0, "the hole still has its page");
+        assert_eq!(memcg.get(Component::StagingFree), PAGE_SIZE as u64, "only the kept slot is charged");
     }
 }
