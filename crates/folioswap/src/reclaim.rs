@@ -32,7 +32,7 @@ pub(crate) fn kswapd(mm: Arc<Mm>) {
     let stopping = || mm.stop.load(Ordering::Acquire);
     while !stopping() {
         while !stopping() && mm.tiers.needs_writeback(&mm.memcg) {
-            if writeback_batch(&mm, WRITEBACK_BATCH) == 0 {
+            if writeback_batch(&mm, &mut scratch, WRITEBACK_BATCH) == 0 {
                 break;
             }
         }
@@ -47,7 +47,7 @@ pub(crate) fn kswapd(mm: Arc<Mm>) {
                 Reclaimed::Freed => {}
                 Reclaimed::Busy => std::thread::yield_now(),
                 Reclaimed::Nothing | Reclaimed::PoolFull => {
-                    if writeback_batch(&mm, WRITEBACK_BATCH) > 0 {
+                    if writeback_batch(&mm, &mut scratch, WRITEBACK_BATCH) > 0 {
                         continue;
                     }
                     mm.reclaim.sleep(Duration::from_millis(10));
@@ -62,19 +62,20 @@ pub(crate) fn kswapd(mm: Arc<Mm>) {
 /// when nothing can be evicted, write one pool entry back: with `charge_pool` the pool
 /// itself may be what is over the limit).
 pub(crate) fn direct_reclaim(mm: &Mm) -> DirectReclaim {
-    let result = DIRECT_SCRATCH.with(|s| match s.try_borrow_mut() {
-        Ok(mut scratch) => shrink_one(mm, &mut scratch, Reclaimer::Direct),
-        Err(_) => Reclaimed::Busy,
-    });
-    match result {
-        Reclaimed::Freed => DirectReclaim::ChargeAgain,
-        Reclaimed::Busy => {
-            std::thread::sleep(Duration::from_micros(200));
-            DirectReclaim::ChargeAgain
+    let busy = || {
+        std::thread::sleep(Duration::from_micros(200));
+        DirectReclaim::ChargeAgain
+    };
+    DIRECT_SCRATCH.with(|s| {
+        // Already borrowed: a reclaim re-entered on this thread (`Reclaimed::Busy` too).
+        let Ok(mut scratch) = s.try_borrow_mut() else { return busy() };
+        match shrink_one(mm, &mut scratch, Reclaimer::Direct) {
+            Reclaimed::Freed => DirectReclaim::ChargeAgain,
+            Reclaimed::Busy => busy(),
+            Reclaimed::Nothing | Reclaimed::PoolFull if writeback_one(mm, &mut scratch) => DirectReclaim::ChargeAgain,
+            Reclaimed::Nothing | Reclaimed::PoolFull => DirectReclaim::NothingFreed,
         }
-        Reclaimed::Nothing | Reclaimed::PoolFull if writeback_one(mm) => DirectReclaim::ChargeAgain,
-        Reclaimed::Nothing | Reclaimed::PoolFull => DirectReclaim::NothingFreed,
-    }
+    })
 }
 
 /// Memory is short and nothing can be evicted: empty the staging reserve (and the open

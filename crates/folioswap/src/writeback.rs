@@ -20,51 +20,14 @@ use crate::folio::{Kind, State, CACHED, PENDING, SPLIT};
 use crate::mm::Mm;
 use crate::size::{FolioSize, HUGE_SIZE};
 use crate::tier::{Placed, PoolLruEntry, SwapOutError, WriteBatch};
+use crate::zswap::CodecScratch;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-thread_local! {
-    /// A 2 MiB page-aligned buffer per thread for writeback (decompressed data headed for
-    /// an O_DIRECT write).
-    static WRITEBACK_BUF: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
-}
-
-/// Page-aligned anonymous memory, for O_DIRECT.
-struct AlignedBuf {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl AlignedBuf {
-    fn new(len: usize) -> std::io::Result<AlignedBuf> {
-        // SAFETY: an anonymous private mapping with no address hint; checked for failure.
-        let ptr = unsafe {
-            crate::sys::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(AlignedBuf { ptr: ptr.cast(), len })
-    }
-    fn as_mut_slice(&mut self, len: usize) -> &mut [u8] {
-        assert!(len <= self.len);
-        // SAFETY: the mapping is `self.len` bytes, owned by this buffer, and `&mut self`
-        // makes this the only reference.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, len) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `new`, which nothing references now.
-        unsafe { crate::sys::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
-/// The most entries one writeback pass takes (their data also fits the 2 MiB buffer).
-/// Enough that a stream's pages, sorted by address, land in runs of slots that readahead
-/// reads back with one `preadv` each; few enough that faults waiting on them wait for
-/// one write of at most 2 MiB.
+/// The most entries one writeback pass takes (their data, at most 2 MiB, is decompressed
+/// into one buffer). Enough that a stream's pages, sorted by address, land in runs of
+/// slots that readahead reads back with one `preadv` each; few enough that faults waiting
+/// on them wait for one write of at most 2 MiB.
 pub(crate) const WRITEBACK_BATCH: usize = 64;
 
 /// An entry taken for writeback: locked, still Pool.
@@ -84,14 +47,15 @@ struct Taken {
 ///    Pool entry (a locked one is being loaded or changed: skip it; one with a readahead
 ///    copy goes to the back), until `max` entries or 2 MiB of data;
 /// 2. sort them by region and address, so that a stream's pages get consecutive slots;
-/// 3. decompress each into the per-thread O_DIRECT buffer, give it slots (4 KiB folios
-///    that follow each other in a region share one aligned run, `write_run_to_file`, as
-///    the slot cache would scatter them over free slots anywhere in the file) and queue
-///    its write; issue the queue with one `pwritev` per contiguous run (`write_batch`);
+/// 3. decompress each into the thread's codec scratch (at a page boundary, for
+///    O_DIRECT), give it slots (4 KiB folios that follow each other in a region share one
+///    aligned run, `write_run_to_file`, as the slot cache would scatter them over free
+///    slots anywhere in the file) and queue its write; issue the queue with one `pwritev`
+///    per contiguous run (`write_batch`);
 /// 4. per entry: free the pool entry and publish the new place (counted `zswpwb`), or,
 ///    where its load or write failed, keep it in the pool (back at the LRU head); apply
 ///    any event marked meanwhile; unlock.
-pub(crate) fn writeback_batch(mm: &Mm, max: usize) -> usize {
+pub(crate) fn writeback_batch(mm: &Mm, scratch: &mut CodecScratch, max: usize) -> usize {
     let Some(dev) = &mm.tiers.file else { return 0 };
     if !dev.has_free_slots() {
         return 0;
@@ -113,28 +77,8 @@ pub(crate) fn writeback_batch(mm: &Mm, max: usize) -> usize {
         t.at = offset..offset + t.folio.bytes();
         offset += t.folio.bytes();
     }
-    let results = WRITEBACK_BUF.with(|cell| {
-        let mut cell = cell.borrow_mut();
-        if cell.is_none() {
-            match AlignedBuf::new(HUGE_SIZE) {
-                Ok(buf) => *cell = Some(buf),
-                Err(err) => {
-                    eprintln!("folioswap: no memory for a writeback buffer: {err}");
-                    return None;
-                }
-            }
-        }
-        Some(write_taken(mm, &taken, cell.as_mut().expect("just set").as_mut_slice(HUGE_SIZE)))
-    });
+    let results = write_taken(mm, &taken, scratch.page_aligned(offset));
     let lru = &mm.tiers.pool_lru;
-    let Some(results) = results else {
-        for t in taken.into_iter().rev() {
-            t.v.table.entry(t.v.page).unlock();
-            lru.push_front(t.v);
-        }
-        mm.reclaim.end_stores(count);
-        return 0;
-    };
     let mut written = 0;
     let mut kept = Vec::new();
     for (t, result) in taken.into_iter().zip(results) {
@@ -165,8 +109,8 @@ pub(crate) fn writeback_batch(mm: &Mm, max: usize) -> usize {
 
 /// Write the pool's oldest entry back (direct reclaim: one entry, in the faulting
 /// context). Returns whether it left the pool.
-pub(crate) fn writeback_one(mm: &Mm) -> bool {
-    writeback_batch(mm, 1) > 0
+pub(crate) fn writeback_one(mm: &Mm, scratch: &mut CodecScratch) -> bool {
+    writeback_batch(mm, scratch, 1) > 0
 }
 
 /// Step 1 of `writeback_batch`.

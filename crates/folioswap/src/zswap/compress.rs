@@ -57,6 +57,22 @@ impl CodecScratch {
     pub fn new() -> CodecScratch {
         CodecScratch { out: Vec::new(), assembly: Vec::new(), second: Vec::new(), zstd: Vec::new(), recompressed: 0 }
     }
+
+    /// `len` bytes at a page boundary (for O_DIRECT), inside the larger of this scratch's
+    /// two buffers. A thread never writes the pool back while it compresses, so one
+    /// folio-sized buffer serves both: a writeback buffer of its own kept 2 MiB more per
+    /// thread outside memory_high (BENCHMARKS.md, "What each compressing thread keeps
+    /// outside the limit"). Its contents are whatever was there.
+    pub(crate) fn page_aligned(&mut self, len: usize) -> &mut [u8] {
+        let page = crate::size::PAGE_SIZE;
+        let buf = if self.assembly.capacity() >= self.out.capacity() { &mut self.assembly } else { &mut self.out };
+        if buf.len() < len + page {
+            buf.reserve_exact(len + page - buf.len());
+            buf.resize(len + page, 0);
+        }
+        let skip = buf.as_ptr().align_offset(page);
+        &mut buf[skip..skip + len]
+    }
 }
 
 /// A scratch's zstd compression contexts, by level.

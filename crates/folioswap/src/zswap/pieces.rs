@@ -185,6 +185,30 @@ mod tests {
         assert!(scratch.out.capacity() < 16 * PAGE_SIZE, "out grew to {} bytes", scratch.out.capacity());
     }
 
+    /// Writeback decompresses into the same thread's scratch: at a page boundary (the
+    /// write is O_DIRECT), and in the folio-sized buffer the scratch already has, so that
+    /// a thread that compresses and writes back keeps one such buffer, not two.
+    #[test]
+    fn writeback_borrows_the_scratchs_folio_sized_buffer() {
+        let codec = Codec::new(Compressor::Lz4, Compressor::None);
+        let mut scratch = CodecScratch::new();
+        let mut noise = vec![0u8; 512 * PAGE_SIZE];
+        fill_random(&mut noise, 0x2545_F491_4F6C_DD1D);
+        for round in 0..3 {
+            let len = compress_pieces(&codec, &noise, &mut scratch);
+            let mut back = vec![0u8; noise.len()];
+            decompress_pieces(&codec, &scratch.assembly[..len], &mut back).unwrap();
+            assert!(back == noise, "round {round}: a store after a writeback lost its data");
+            let buf = scratch.page_aligned(noise.len());
+            assert_eq!((buf.as_ptr() as usize % PAGE_SIZE, buf.len()), (0, noise.len()));
+            buf.fill(0xEE);
+            assert!(scratch.out.capacity() < 16 * PAGE_SIZE, "round {round}: out grew to {} bytes", scratch.out.capacity());
+        }
+        // A scratch that never compressed a folio still gets its buffer.
+        let mut fresh = CodecScratch::new();
+        assert_eq!(fresh.page_aligned(3 * PAGE_SIZE).as_ptr() as usize % PAGE_SIZE, 0);
+    }
+
     proptest! {
         #[test]
         fn round_trip_arbitrary_folios(pages in 1usize..32, seed in any::<u64>()) {
