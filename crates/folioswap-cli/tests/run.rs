@@ -558,16 +558,17 @@ fn incompressible_data_stays_under_the_limit_with_no_flag() {
     run.assert_success();
     assert_eq!(run.stdout.lines().next().unwrap_or_default(), digest, "the digest differs\n{}", run.describe());
     run.assert_total_positive("pswpout");
-    // The slack: the interpreter's own memory before the buffer (BASE) and 48 MiB for the
+    // The slack: the interpreter's own memory before the buffer (BASE) and 32 MiB for the
     // engine's tables, thread stacks and per-thread buffers, which no limit charges. The
     // peak passed limit + base by 4.3-31.9 MiB in six runs of this command at cebb59e
-    // (debug build, 2 CPUs; the spread's cause not found), and by 313 - 281 MiB once in CI,
-    // over the 32 MiB this allowed before. A pool left outside the limit would pass it by
-    // hundreds of MiB.
+    // (debug build, 2 CPUs), and by 32 MiB once in CI: 2 MiB staging slots that a move
+    // into the trash could not empty (EAGAIN, EBUSY) were lost, resident and uncharged.
+    // Since they are retried, 3.7-7.9 MiB in six runs. A pool left outside the limit
+    // would pass it by hundreds of MiB.
     let (base, peak) = (run.figure("BASE "), run.figure("PEAK "));
     assert!(
-        peak <= base + (256 << 20) + (48 << 20),
-        "peak RSS {} MiB over 256M + base {} MiB + 48M slack\n{}",
+        peak <= base + (256 << 20) + (32 << 20),
+        "peak RSS {} MiB over 256M + base {} MiB + 32M slack\n{}",
         peak >> 20,
         base >> 20,
         run.describe()
