@@ -181,10 +181,10 @@ fn figure(out: &str, key: &str) -> u64 {
 /// What memory_high may be passed by, beyond the limit: the process's own baseline (the
 /// test binary before the engine started) plus what the engine keeps outside any charge
 /// (folio tables, thread stacks, the slot map, and per thread that stores or writes back
-/// folios a 2 MiB buffer for each: its codec scratch, where a folio's pieces are put
-/// together, and its writeback buffer): 24 MiB. Measured by the test below, 15-22 MiB in
-/// 24 runs (debug build, 2 CPUs); 23-36 MiB while the codec scratch kept two folio-sized
-/// buffers a thread (`zswap/pieces.rs`).
+/// folios one 2 MiB buffer: its codec scratch, where a folio's pieces are put together
+/// and writeback decompresses): 24 MiB. Measured by the test below, 15-22 MiB in 24 runs
+/// (debug build, 2 CPUs), 15.3-15.5 in 16 more; 23-36 MiB while the codec scratch kept
+/// two folio-sized buffers a thread (`zswap/pieces.rs`).
 const SLACK: u64 = 24 << 20;
 
 /// With no configuration beyond memory_high, 128M of data that does not compress is
