@@ -561,9 +561,9 @@ fn incompressible_data_stays_under_the_limit_with_no_flag() {
     // The slack: the interpreter's own memory before the buffer (BASE) and 32 MiB for the
     // engine's tables, thread stacks and per-thread buffers, which no limit charges. The
     // peak passed limit + base by 4.3-31.9 MiB in six runs of this command at cebb59e
-    // (debug build, 2 CPUs), and by 32 MiB once in CI: 2 MiB staging slots that a move
-    // into the trash could not empty (EAGAIN, EBUSY) were lost, resident and uncharged.
-    // Since they are retried, 3.7-7.9 MiB in six runs. A pool left outside the limit
+    // (debug build, 2 CPUs), and by 32 MiB once in CI, most likely from 2 MiB staging
+    // slots that a move into the trash could not empty (EAGAIN, EBUSY): they were lost,
+    // resident and uncharged. Since they are retried, 3.7-7.9 MiB in six runs. A pool left outside the limit
     // would pass it by hundreds of MiB.
     let (base, peak) = (run.figure("BASE "), run.figure("PEAK "));
     assert!(
