@@ -5,7 +5,7 @@
 //! Both mutexes here are leaves: nothing else is taken while one is held.
 
 use crate::memcg::MemCg;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
@@ -14,6 +14,10 @@ pub(crate) struct ReclaimCtl {
     sleep: Mutex<u64>,
     wake: Condvar,
     sleeping: AtomicUsize,
+    /// A wake sent that no reclaimer has taken up yet. Every fault above the high
+    /// watermark asks for a reclaimer, one every few microseconds, and the woken one
+    /// takes longer than that to run: without this each would be a futex call.
+    wake_pending: AtomicBool,
     progress: Mutex<u64>,
     progress_cv: Condvar,
     /// Folios moved out and not yet published (being compressed or written now), and pool
@@ -49,9 +53,12 @@ pub(crate) enum Wait {
 }
 
 impl ReclaimCtl {
-    /// Wake one sleeping reclaimer, if any sleeps.
+    /// Wake one sleeping reclaimer, if any sleeps and none is being woken already.
     pub fn wake_one(&self) {
-        if self.sleeping.load(Ordering::Relaxed) > 0 {
+        if self.sleeping.load(Ordering::Relaxed) > 0
+            && !self.wake_pending.load(Ordering::Relaxed)
+            && !self.wake_pending.swap(true, Ordering::AcqRel)
+        {
             *self.sleep.lock().unwrap() += 1;
             self.wake.notify_one();
         }
@@ -62,12 +69,19 @@ impl ReclaimCtl {
         self.wake.notify_all();
     }
 
-    /// A reclaimer sleeps until woken or `timeout` passes.
-    pub fn sleep(&self, timeout: Duration) {
+    /// A reclaimer sleeps until woken or `timeout` passes. Whichever way it wakes, it
+    /// takes up the pending wake; one left pending while nobody slept (its sleeper timed
+    /// out as it was sent) is cleared here, under the lock, before this one sleeps, so
+    /// that no sleeper is left waiting behind a stale one. False where it timed out.
+    pub fn sleep(&self, timeout: Duration) -> bool {
         let guard = self.sleep.lock().unwrap();
+        self.wake_pending.store(false, Ordering::Release);
         self.sleeping.fetch_add(1, Ordering::Relaxed);
-        let _ = self.wake.wait_timeout(guard, timeout).unwrap();
+        let (guard, waited) = self.wake.wait_timeout(guard, timeout).unwrap();
+        drop(guard);
         self.sleeping.fetch_sub(1, Ordering::Relaxed);
+        self.wake_pending.store(false, Ordering::Release);
+        !waited.timed_out()
     }
 
     pub fn notify_progress(&self) {
@@ -92,14 +106,17 @@ impl ReclaimCtl {
 
     /// One of them is published (or given back): wake whoever waits for progress.
     pub fn end_store(&self) {
-        self.inflight.fetch_sub(1, Ordering::AcqRel);
-        self.notify_progress();
+        self.end_stores(1);
     }
 
-    /// `n` of them are published or given back at once.
+    /// `n` of them are published or given back at once: wake whoever waits for progress,
+    /// if anyone does (each store would otherwise be a futex call).
     pub fn end_stores(&self, n: usize) {
-        self.inflight.fetch_sub(n as u64, Ordering::AcqRel);
-        self.notify_progress();
+        // SeqCst with the waiter's two steps, as in `end_fault_charge`.
+        self.inflight.fetch_sub(n as u64, Ordering::SeqCst);
+        if self.progress_waiters.load(Ordering::SeqCst) > 0 {
+            self.notify_progress();
+        }
     }
 
     /// A fault took a charge for a folio it is about to install.
@@ -133,7 +150,7 @@ impl ReclaimCtl {
     pub fn wait_for_progress(&self) -> Wait {
         self.progress_waiters.fetch_add(1, Ordering::SeqCst);
         let guard = self.progress.lock().unwrap();
-        let waited = if self.inflight.load(Ordering::Acquire) == 0 && self.fault_charges.load(Ordering::SeqCst) == 0 {
+        let waited = if self.inflight.load(Ordering::SeqCst) == 0 && self.fault_charges.load(Ordering::SeqCst) == 0 {
             Wait::NothingInFlight
         } else {
             let seen = *guard;
@@ -142,5 +159,49 @@ impl ReclaimCtl {
         };
         self.progress_waiters.fetch_sub(1, Ordering::AcqRel);
         waited
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn wakes_sent(ctl: &ReclaimCtl) -> u64 {
+        *ctl.sleep.lock().unwrap()
+    }
+
+    #[test]
+    fn a_wake_not_yet_taken_up_is_not_sent_again() {
+        let ctl = ReclaimCtl::default();
+        // A sleeper (counted, as `sleep` counts it) that has not run since the first wake.
+        ctl.sleeping.store(1, Ordering::Relaxed);
+        ctl.wake_one();
+        ctl.wake_one();
+        assert_eq!(wakes_sent(&ctl), 1);
+        // It ran, and went back to sleep: the next wake is sent.
+        ctl.wake_pending.store(false, Ordering::Release);
+        ctl.wake_one();
+        assert_eq!(wakes_sent(&ctl), 2);
+        ctl.sleeping.store(0, Ordering::Relaxed);
+        ctl.wake_one();
+        assert_eq!(wakes_sent(&ctl), 2, "nobody sleeps: nothing to send");
+    }
+
+    #[test]
+    fn a_wake_left_pending_while_nobody_slept_does_not_keep_the_next_sleeper_asleep() {
+        let ctl = Arc::new(ReclaimCtl::default());
+        // Sent as its only sleeper timed out: pending, and nobody asleep to take it up.
+        ctl.wake_pending.store(true, Ordering::Release);
+        let sleeper = {
+            let ctl = ctl.clone();
+            // Long enough that only a lost wake lets it time out.
+            std::thread::spawn(move || ctl.sleep(Duration::from_secs(120)))
+        };
+        while ctl.sleeping.load(Ordering::Relaxed) == 0 {
+            std::thread::yield_now();
+        }
+        ctl.wake_one();
+        assert!(sleeper.join().unwrap(), "the sleeper timed out: the wake was lost");
     }
 }
