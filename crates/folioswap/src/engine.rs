@@ -14,6 +14,7 @@ use crate::lru::Lru;
 use crate::memcg::{Component, MemCg};
 use crate::mm::{Mm, ReclaimHooks};
 use crate::own_zaps::OwnZaps;
+use crate::pollers::Pollers;
 use crate::ra_cache::Readahead;
 use crate::reclaim_ctl::ReclaimCtl;
 use crate::remote::RemoteTier;
@@ -311,6 +312,12 @@ impl Engine {
             SwapTier::OnDemand(io) => SwapDevice::new(io, config.slot_cache, true),
         });
         let tiers = Tiers::new(Zswap::new(config.compressor, config.recomp_algorithm, max_pool), file, &config);
+        // Thread mode's default: one fault thread kept on each CPU the engine may use.
+        let fault_cpus = allowed_cpus();
+        let pollers = match (config.fault_mode, config.fault_threads) {
+            (FaultMode::Thread, 0) => Pollers::kept_on(&fault_cpus).map_err(|e| Error::sys("eventfd", e))?,
+            _ => Pollers::everyone(),
+        };
         let mm = Arc::new(Mm {
             id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
             uffd,
@@ -330,6 +337,7 @@ impl Engine {
             prefaulting: AtomicUsize::new(0),
             // SAFETY: `kick` was just created and is owned by nobody else.
             kick_fd: unsafe { OwnedFd::from_raw_fd(kick) },
+            pollers,
             stop: AtomicBool::new(false),
             managed_bytes: AtomicU64::new(0),
             regions: AtomicU64::new(0),
@@ -374,7 +382,7 @@ impl Engine {
                 // fault, and the one on the faulting thread's CPU, which that thread has
                 // just left, usually gets there first; the wake-ups back and forth then
                 // stay on one CPU (BENCHMARKS.md, "Fault threads, one on each CPU").
-                for (i, cpu) in allowed_cpus().into_iter().enumerate() {
+                for (i, cpu) in fault_cpus.into_iter().enumerate() {
                     spawn_on(format!("fsw-fault{i}"), cpu, crate::fault::fault_thread, &mut threads)?;
                 }
             }

@@ -133,9 +133,12 @@ enum Step {
 /// A fault thread (thread mode: one per CPU) or the event thread (signal mode). Reads the
 /// region userfaultfd, serves faults, applies events.
 pub(crate) fn fault_thread(mm: Arc<Mm>) {
+    // Kept on one CPU (or on none): which slot of the poll token is this thread's.
+    let slot = mm.pollers.slot_here();
     let mut fds = [
         libc::pollfd { fd: mm.uffd.raw_fd(), events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: mm.kick_fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: mm.pollers.wake_fd(slot), events: libc::POLLIN, revents: 0 },
     ];
     while !mm.stop.load(Ordering::Acquire) {
         crate::events::apply_queued_events(&mm);
@@ -144,8 +147,10 @@ pub(crate) fn fault_thread(mm: Arc<Mm>) {
             let Some((addr, tid)) = next else { break };
             serve_message(&mm, addr, tid);
         }
-        // SAFETY: `fds` is a valid array of two pollfds that outlives the call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        // Without the token, poll(2) skips the userfaultfd (a negative descriptor).
+        fds[0].fd = if mm.pollers.polls(slot) { mm.uffd.raw_fd() } else { -1 };
+        // SAFETY: `fds` is a valid array of three pollfds that outlives the call.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
         if n <= 0 {
             continue;
         }
@@ -153,14 +158,25 @@ pub(crate) fn fault_thread(mm: Arc<Mm>) {
         if mm.stop.load(Ordering::Acquire) {
             break;
         }
-        if fds[1].revents != 0 {
-            let mut count = 0u64;
-            // SAFETY: reads the 8-byte eventfd counter into a live u64.
-            unsafe { libc::read(fds[1].fd, (&mut count as *mut u64).cast(), 8) };
+        for fd in &fds[1..] {
+            if fd.revents != 0 {
+                let mut count = 0u64;
+                // SAFETY: reads an 8-byte eventfd counter into a live u64.
+                unsafe { libc::read(fd.fd, (&mut count as *mut u64).cast(), 8) };
+            }
         }
         if fds[0].revents != 0 {
+            let mut last = None;
             while let Some((addr, tid)) = read_messages(&mm) {
+                // Another thread's fault queued behind the one just served.
+                if last.is_some_and(|last| last != tid) && mm.pollers.note_concurrent() {
+                    mm.counters.vm.fault_poll_moves.inc();
+                }
                 serve_message(&mm, addr, tid);
+                if mm.pollers.note_served(tid) {
+                    mm.counters.vm.fault_poll_moves.inc();
+                }
+                last = Some(tid);
             }
         }
     }

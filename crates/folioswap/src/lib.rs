@@ -48,6 +48,7 @@ mod folio;
 mod lru;
 mod memcg;
 mod own_zaps;
+mod pollers;
 mod pool_share;
 mod ra_cache;
 mod ra_window;

@@ -43,6 +43,7 @@ use crate::event_queue::EventQueue;
 use crate::lru::Lru;
 use crate::memcg::MemCg;
 use crate::own_zaps::OwnZaps;
+use crate::pollers::Pollers;
 use crate::ra_cache::Readahead;
 use crate::reclaim_ctl::ReclaimCtl;
 use crate::staging::Staging;
@@ -90,6 +91,8 @@ pub(crate) struct Mm {
     pub prefaulting: AtomicUsize,
     /// Wakes the fault/event threads: stop, deferred faults, events to apply.
     pub kick_fd: OwnedFd,
+    /// Which fault threads poll the userfaultfd (`pollers.rs`).
+    pub pollers: Pollers,
     pub stop: AtomicBool,
     pub managed_bytes: AtomicU64,
     pub regions: AtomicU64,

@@ -299,6 +299,9 @@ counter_struct!(
         memory_high_overrun,
         /// Faults resolved by another thread first (concurrent faults on one folio).
         fault_raced,
+        /// Times the fault threads polling the userfaultfd changed (thread mode,
+        /// `pollers.rs`): to the one on the CPU of a thread faulting alone, or back to all.
+        fault_poll_moves,
         /// Faults that found their folio still uncompressed in the swap cache (its
         /// eviction not finished) and moved it straight back.
         swapcache_hit,
