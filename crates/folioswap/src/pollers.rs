@@ -251,12 +251,18 @@ mod tests {
         assert!(pending(&p, 1) && !pending(&p, 0), "only the new holder is woken");
     }
 
-    #[test]
-    fn the_token_follows_a_thread_the_scheduler_moves() {
+    /// The token held by the fault thread on CPU 0, for thread 7, its wake taken.
+    fn held_on_cpu0() -> Pollers {
         let p = two_cpus();
         samples(&p, STREAK + 1, 7, 0);
         assert_eq!(p.holder(), Some(0));
-        pending(&p, 0);
+        assert!(pending(&p, 0));
+        p
+    }
+
+    #[test]
+    fn the_token_follows_a_thread_the_scheduler_moves() {
+        let p = held_on_cpu0();
         samples(&p, 1, 7, 1);
         assert_eq!(p.holder(), Some(1), "at once");
         assert!(pending(&p, 1) && !pending(&p, 0));
@@ -264,10 +270,7 @@ mod tests {
 
     #[test]
     fn another_thread_or_a_concurrent_fault_makes_everyone_poll() {
-        let p = two_cpus();
-        samples(&p, STREAK + 1, 7, 0);
-        assert_eq!(p.holder(), Some(0));
-        pending(&p, 0);
+        let p = held_on_cpu0();
         let mut read = false;
         p.note_sample(8, || {
             read = true;
