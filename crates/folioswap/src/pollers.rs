@@ -4,16 +4,16 @@
 //! The kernel wakes every thread polling a userfaultfd at each fault, from the faulting
 //! thread, before it sleeps. A fault thread on an idle CPU is woken by an IPI, and in
 //! this machine's KVM guest the faulting thread pays for sending it with interrupts off:
-//! the dict program at 41M spent a fifth of its own CPU time there (BENCHMARKS.md, "One
+//! the dict program at 41M spent a sixth of its own CPU time there (BENCHMARKS.md, "One
 //! fault thread polls"), to wake a thread that finds nothing to read, since the one on the
-//! faulting thread's own CPU reads the message first. So while faults come from one CPU,
-//! only the fault thread kept on that CPU polls the userfaultfd (it holds the token);
-//! the others sleep on their own eventfd and on the engine's kick.
+//! faulting thread's own CPU reads the message first. So while one thread faults alone,
+//! only the fault thread kept on its CPU polls the userfaultfd (it holds the token); the
+//! others sleep on their own eventfd and on the engine's kick.
 //!
-//! 1. Every `SAMPLE`th fault a fault thread serves while one thread holds the token,
-//!    every `SAMPLE_ALL`th while all poll, the server reads the CPU the faulting thread last ran
-//!    on (`/proc/self/task/TID/stat`: it has not run since it faulted; a read costs about
-//!    6 µs, 16 with the open).
+//! 1. Every `SAMPLE`th fault a fault thread serves while one thread holds the token
+//!    (every `SAMPLE_ALL`th while all poll), the server reads the CPU the faulting thread
+//!    last ran on (`/proc/self/task/TID/stat`: it has not run since it faulted; a read
+//!    costs about 6 µs, 16 with the open).
 //! 2. `STREAK` samples in a row from one thread on one CPU: the token goes to the fault
 //!    thread kept there.
 //! 3. The same thread as the sample before, on another CPU: the scheduler moved it (a
