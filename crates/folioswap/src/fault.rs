@@ -133,8 +133,8 @@ enum Step {
 /// A fault thread (thread mode: one per CPU) or the event thread (signal mode). Reads the
 /// region userfaultfd, serves faults, applies events.
 pub(crate) fn fault_thread(mm: Arc<Mm>) {
-    // Kept on one CPU (or on none): which slot of the poll token is this thread's.
-    let slot = mm.pollers.slot_here();
+    // Which slot of the poll token is this thread's (`pollers.rs`).
+    let slot = mm.pollers.claim_slot();
     let mut fds = [
         libc::pollfd { fd: mm.uffd.raw_fd(), events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: mm.kick_fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },

@@ -31,7 +31,7 @@ use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 /// One fault in this many has its thread's CPU read while one thread polls: the token
 /// must follow a thread the scheduler moves within a few faults.
@@ -52,6 +52,8 @@ pub(crate) struct Pollers {
     cpus: Vec<usize>,
     /// Written to make the thread of a slot look at the token again.
     wakes: Vec<OwnedFd>,
+    /// Slots a fault thread has taken (`claim_slot`).
+    claimed: Vec<AtomicBool>,
     /// The slot whose thread polls, or `ALL`.
     holder: AtomicUsize,
     /// The thread and CPU of the last sample, and how many samples in a row came from
@@ -67,6 +69,7 @@ impl Pollers {
         Pollers {
             cpus: Vec::new(),
             wakes: Vec::new(),
+            claimed: Vec::new(),
             holder: AtomicUsize::new(ALL),
             last_tid: AtomicU32::new(0),
             last_cpu: AtomicUsize::new(ALL),
@@ -91,14 +94,19 @@ impl Pollers {
                 Ok(unsafe { OwnedFd::from_raw_fd(fd) })
             })
             .collect::<std::io::Result<Vec<_>>>()?;
-        Ok(Pollers { cpus, wakes, ..Pollers::everyone() })
+        let claimed = cpus.iter().map(|_| AtomicBool::new(false)).collect();
+        Ok(Pollers { cpus, wakes, claimed, ..Pollers::everyone() })
     }
 
-    /// The slot of the calling fault thread: the one kept on the CPU it runs on.
-    pub fn slot_here(&self) -> Option<usize> {
+    /// Take a slot for the calling fault thread: the one of the CPU it runs on, or, where
+    /// that is taken or there is none (keeping the thread on its CPU failed), any slot
+    /// left, so that every slot the token can go to has a thread. None when all are
+    /// taken: that thread always polls.
+    pub fn claim_slot(&self) -> Option<usize> {
         // SAFETY: sched_getcpu(3) takes no arguments; -1 on failure.
         let cpu = unsafe { libc::sched_getcpu() };
-        usize::try_from(cpu).ok().and_then(|cpu| self.cpus.iter().position(|&c| c == cpu))
+        let here = usize::try_from(cpu).ok().and_then(|cpu| self.cpus.iter().position(|&c| c == cpu));
+        here.into_iter().chain(0..self.cpus.len()).find(|&slot| !self.claimed[slot].swap(true, Ordering::AcqRel))
     }
 
     /// Whether the thread of `slot` polls the userfaultfd now.
@@ -294,6 +302,17 @@ mod tests {
         assert_eq!(p.holder(), None, "a concurrent fault restarts the streak");
         samples(&p, 1, 8, 1);
         assert_eq!(p.holder(), Some(1));
+    }
+
+    #[test]
+    fn every_slot_gets_one_thread_wherever_the_threads_run() {
+        // Both claims from this one thread, on one CPU: the second gets the other slot.
+        let p = two_cpus();
+        let mut slots = [p.claim_slot(), p.claim_slot()];
+        slots.sort();
+        assert_eq!(slots, [Some(0), Some(1)]);
+        assert_eq!(p.claim_slot(), None, "a thread beyond the slots always polls");
+        assert!(p.polls(None));
     }
 
     #[test]
