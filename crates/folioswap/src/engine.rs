@@ -378,10 +378,11 @@ impl Engine {
         match (mm.config.fault_mode, mm.config.fault_threads) {
             (FaultMode::Signal, _) => spawn("fsw-fault0".to_string(), crate::fault::fault_thread, &mut threads)?,
             (FaultMode::Thread, 0) => {
-                // One fault thread on each CPU the engine may use: all of them wake at a
-                // fault, and the one on the faulting thread's CPU, which that thread has
-                // just left, usually gets there first; the wake-ups back and forth then
-                // stay on one CPU (BENCHMARKS.md, "Fault threads, one on each CPU").
+                // One fault thread on each CPU the engine may use: the one on the faulting
+                // thread's CPU, which that thread has just left, usually gets there first,
+                // and the wake-ups back and forth then stay on one CPU (BENCHMARKS.md,
+                // "Fault threads, one on each CPU"). While one thread faults alone, only
+                // that one polls (`pollers.rs`).
                 for (i, cpu) in fault_cpus.into_iter().enumerate() {
                     spawn_on(format!("fsw-fault{i}"), cpu, crate::fault::fault_thread, &mut threads)?;
                 }

@@ -94,6 +94,7 @@ fn raw_fds(mm: &Mm) -> Vec<i32> {
     use std::os::fd::AsRawFd;
     let mut fds = vec![mm.uffd.raw_fd(), mm.kick_fd.as_raw_fd()];
     fds.extend(mm.staging.raw_fds());
+    fds.extend(mm.pollers.raw_fds());
     fds.extend(mm.tiers.file.as_ref().and_then(|dev| dev.io.raw_fd()));
     fds
 }

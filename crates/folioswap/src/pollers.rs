@@ -115,6 +115,11 @@ impl Pollers {
         holder == ALL || slot.is_none_or(|s| s == holder)
     }
 
+    /// The descriptors it holds (a forked child closes them: `fork.rs`).
+    pub fn raw_fds(&self) -> impl Iterator<Item = RawFd> + '_ {
+        self.wakes.iter().map(|fd| fd.as_raw_fd())
+    }
+
     /// The eventfd that tells the thread of `slot` to look at the token again (-1, which
     /// poll(2) skips, for none).
     pub fn wake_fd(&self, slot: Option<usize>) -> RawFd {
@@ -313,6 +318,14 @@ mod tests {
         assert_eq!(slots, [Some(0), Some(1)]);
         assert_eq!(p.claim_slot(), None, "a thread beyond the slots always polls");
         assert!(p.polls(None));
+    }
+
+    #[test]
+    fn its_descriptors_are_the_slots_eventfds() {
+        let p = two_cpus();
+        assert_eq!(p.raw_fds().collect::<Vec<_>>(), [p.wake_fd(Some(0)), p.wake_fd(Some(1))]);
+        assert!(p.raw_fds().all(|fd| fd >= 0));
+        assert_eq!(Pollers::everyone().raw_fds().count(), 0);
     }
 
     #[test]
