@@ -105,8 +105,13 @@ impl Pollers {
     pub fn claim_slot(&self) -> Option<usize> {
         // SAFETY: sched_getcpu(3) takes no arguments; -1 on failure.
         let cpu = unsafe { libc::sched_getcpu() };
-        let here = usize::try_from(cpu).ok().and_then(|cpu| self.cpus.iter().position(|&c| c == cpu));
+        let here = usize::try_from(cpu).ok().and_then(|cpu| self.slot_of(cpu));
         here.into_iter().chain(0..self.cpus.len()).find(|&slot| !self.claimed[slot].swap(true, Ordering::AcqRel))
+    }
+
+    /// The slot of the fault thread kept on `cpu`.
+    fn slot_of(&self, cpu: usize) -> Option<usize> {
+        self.cpus.iter().position(|&c| c == cpu)
     }
 
     /// Whether the thread of `slot` polls the userfaultfd now.
@@ -171,7 +176,7 @@ impl Pollers {
                 STREAK
             }
         };
-        match self.cpus.iter().position(|&c| c == cpu) {
+        match self.slot_of(cpu) {
             Some(slot) if streak >= STREAK => self.give(slot),
             _ => false,
         }
