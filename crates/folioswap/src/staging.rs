@@ -45,7 +45,7 @@ use crate::uffd::{PageMap, Uffd, REGISTER_MODE_WP};
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
 /// A staging slot: folio order and index within that order's area.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +100,10 @@ struct FreeLists {
     holes: Vec<u32>,
     /// Filled slots and whether their pages are one THP.
     filled: Vec<(u32, bool)>,
+    /// Threads asleep in `Area::wait_for_slot`: a slot given back wakes one only if there
+    /// is one, since a condition variable's notify is a futex call whether anyone waits or
+    /// not, and a swap-in gives a slot back at every fault.
+    waiting: u32,
 }
 
 struct Area {
@@ -108,6 +112,7 @@ struct Area {
     /// Debug builds: whether each slot is handed out, to catch double release.
     owned: Vec<std::sync::atomic::AtomicBool>,
     free: Mutex<FreeLists>,
+    /// Signalled when a slot comes back while `FreeLists::waiting` is not zero.
     available: Condvar,
 }
 
@@ -178,6 +183,27 @@ impl Area {
             assert!(o.swap(false, Ordering::SeqCst), "staging slot {index} returned twice");
         }
     }
+
+    /// Sleep until a slot of this area comes back (or spuriously: callers look again).
+    fn wait_for_slot<'a>(&self, mut free: MutexGuard<'a, FreeLists>) -> MutexGuard<'a, FreeLists> {
+        free.waiting += 1;
+        let mut free = self.available.wait(free).unwrap();
+        free.waiting -= 1;
+        free
+    }
+
+    /// Put a slot on the free lists (`put` does) and wake one thread waiting for a slot,
+    /// if one waits. A waiter counts itself under the lock before it sleeps, so a slot put
+    /// back after that sees it, and one put back before it is found by its next look.
+    fn put_free(&self, put: impl FnOnce(&mut FreeLists)) {
+        let mut free = self.free.lock().unwrap();
+        put(&mut free);
+        let wake = free.waiting > 0;
+        drop(free);
+        if wake {
+            self.available.notify_one();
+        }
+    }
 }
 
 impl Staging {
@@ -243,7 +269,7 @@ impl Staging {
             base,
             slot_bytes: folio.bytes(),
             owned: (0..if cfg!(debug_assertions) { nslots } else { 0 }).map(|_| Default::default()).collect(),
-            free: Mutex::new(FreeLists { holes: (0..nslots).rev().collect(), filled: Vec::new() }),
+            free: Mutex::new(FreeLists { holes: (0..nslots).rev().collect(), filled: Vec::new(), waiting: 0 }),
             available: Condvar::new(),
         })
     }
@@ -389,7 +415,7 @@ impl Staging {
                 self.empty(self.addr(slot), area.slot_bytes)?;
                 return Ok(slot);
             }
-            free = area.available.wait(free).unwrap();
+            free = area.wait_for_slot(free);
         }
     }
 
@@ -413,7 +439,7 @@ impl Staging {
                 let huge = area.slot_bytes == HUGE_SIZE && self.populate_huge(slot)?;
                 return Ok(Taken { slot, from_reserve: false, huge });
             }
-            free = area.available.wait(free).unwrap();
+            free = area.wait_for_slot(free);
         }
     }
 
@@ -453,7 +479,7 @@ impl Staging {
                 self.reserved.fetch_sub(area.slot_bytes as u64, Ordering::Relaxed);
                 (index, true)
             } else {
-                free = area.available.wait(free).unwrap();
+                free = area.wait_for_slot(free);
                 continue;
             };
             drop(free);
@@ -482,8 +508,7 @@ impl Staging {
             "staging slot {slot:?} returned as a hole with pages mapped"
         );
         area.give_back(slot.index);
-        area.free.lock().unwrap().holes.push(slot.index);
-        area.available.notify_one();
+        area.put_free(|free| free.holes.push(slot.index));
     }
 
     /// Return a slot that still holds pages (its folio was stored). It stays filled for a
@@ -504,8 +529,7 @@ impl Staging {
                 .is_some_and(|after| after <= self.reserve_bytes || after == bytes)
         {
             memcg.charge(Component::StagingFree, bytes);
-            area.free.lock().unwrap().filled.push((slot.index, huge));
-            area.available.notify_one();
+            area.put_free(|free| free.filled.push((slot.index, huge)));
             return;
         }
         if keep_shape {
@@ -519,10 +543,7 @@ impl Staging {
     /// leaves fewer for the faults that wait for one.
     fn empty_into_holes(&self, area: &Area, slot: Slot) {
         match self.empty(self.addr(slot), area.slot_bytes) {
-            Ok(()) => {
-                area.free.lock().unwrap().holes.push(slot.index);
-                area.available.notify_one();
-            }
+            Ok(()) => area.put_free(|free| free.holes.push(slot.index)),
             Err(err) => eprintln!("folioswap: emptying staging slot {slot:?} failed, the slot is lost: {err}"),
         }
     }
@@ -557,8 +578,7 @@ impl Staging {
                 memcg.uncharge(Component::StagingFree, bytes);
                 released += bytes;
                 if self.empty(addr, area.slot_bytes).is_ok() {
-                    area.free.lock().unwrap().holes.push(index);
-                    area.available.notify_one();
+                    area.put_free(|free| free.holes.push(index));
                 }
             }
         }
@@ -692,6 +712,35 @@ mod tests {
             Uffd::open(features).unwrap_or_else(|e| panic!("this test needs a userfaultfd with UFFDIO_MOVE (root, 6.8+): {e:?}"))
         };
         Staging::new(open(FEATURE_MOVE), Some(open(FEATURE_MOVE)), reserve_bytes, HUGE_SIZE).expect("staging")
+    }
+
+    /// A thread that finds every slot out sleeps until one comes back and is woken by
+    /// it: a slot given back wakes a thread only where one counted itself waiting, so a
+    /// waiter not counted would sleep on.
+    #[test]
+    fn a_thread_waiting_for_a_slot_is_woken_when_one_comes_back() {
+        let staging = move_mode_staging(0);
+        let memcg = MemCg::new(None, false);
+        let order = FolioSize::K4.order();
+        let out: Vec<Slot> = (0..slots_for(FolioSize::K4)).map(|_| staging.take_hole(order, &memcg).unwrap()).collect();
+        let area = staging.areas[order as usize].get().unwrap();
+        let (staging, memcg) = (&staging, &memcg);
+        std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            s.spawn(move || tx.send(staging.take_hole(order, memcg).unwrap()).unwrap());
+            // Give one back only once the taker sleeps, so that only the wake can free it.
+            while area.free.lock().unwrap().waiting == 0 {
+                std::thread::yield_now();
+            }
+            staging.put_hole(out[7]);
+            let got = rx.recv_timeout(std::time::Duration::from_secs(120));
+            if got.is_err() {
+                // Let the taker go, so that the test fails instead of hanging in the join.
+                area.available.notify_all();
+            }
+            assert_eq!(got.expect("the waiting thread was never woken"), out[7]);
+        });
+        assert_eq!(area.free.lock().unwrap().waiting, 0);
     }
 
     /// A filled 4 KiB slot given back past the reserve is emptied into the trash; while
