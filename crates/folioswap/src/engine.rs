@@ -29,7 +29,6 @@ use crate::tier::Tiers;
 use crate::uffd::{self, InstallMode, OpenError, Uffd};
 use crate::zswap::Zswap;
 use std::collections::VecDeque;
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -302,11 +301,7 @@ impl Engine {
         if let Some(path) = &config.shared_limit {
             memcg = memcg.with_shared(path).map_err(|e| Error::sys(format!("sharing memory_high through {}", path.display()), e))?;
         }
-        // SAFETY: eventfd(2) with flags only; returns a new descriptor or -1.
-        let kick = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if kick < 0 {
-            return Err(Error::sys("eventfd", std::io::Error::last_os_error()));
-        }
+        let kick = crate::eventfd::new().map_err(|e| Error::sys("eventfd", e))?;
         let file = tier.map(|t| match t {
             SwapTier::Configured(io) => SwapDevice::new(io, config.slot_cache, false),
             SwapTier::OnDemand(io) => SwapDevice::new(io, config.slot_cache, true),
@@ -335,8 +330,7 @@ impl Engine {
             deferred_faults: Mutex::new(VecDeque::new()),
             unserved: Default::default(),
             prefaulting: AtomicUsize::new(0),
-            // SAFETY: `kick` was just created and is owned by nobody else.
-            kick_fd: unsafe { OwnedFd::from_raw_fd(kick) },
+            kick_fd: kick,
             pollers,
             stop: AtomicBool::new(false),
             managed_bytes: AtomicU64::new(0),

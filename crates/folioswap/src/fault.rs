@@ -158,12 +158,8 @@ pub(crate) fn fault_thread(mm: Arc<Mm>) {
         if mm.stop.load(Ordering::Acquire) {
             break;
         }
-        for fd in &fds[1..] {
-            if fd.revents != 0 {
-                let mut count = 0u64;
-                // SAFETY: reads an 8-byte eventfd counter into a live u64.
-                unsafe { libc::read(fd.fd, (&mut count as *mut u64).cast(), 8) };
-            }
+        for fd in fds[1..].iter().filter(|fd| fd.revents != 0) {
+            crate::eventfd::drain(fd.fd);
         }
         if fds[0].revents != 0 {
             let mut last = None;

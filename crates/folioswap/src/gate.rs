@@ -30,10 +30,7 @@ use std::sync::Arc;
 
 /// Wake the fault/event threads (stop, deferred faults, events to apply).
 pub(crate) fn kick(mm: &Mm) {
-    let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a live u64 to our own eventfd; a full counter only
-    // means a kick is already pending.
-    unsafe { libc::write(mm.kick_fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    crate::eventfd::signal(mm.kick_fd.as_raw_fd());
 }
 
 /// Read messages under the gate, marking events, until a fault comes (returned as its

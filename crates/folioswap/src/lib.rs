@@ -17,14 +17,15 @@
 //! The modules, from the ground up (each imports only modules listed before it;
 //! `ARCHITECTURE.md` at the repository root walks a fault and an eviction through them):
 //!
-//! - primitives: `sys` (raw mappings), `size`, `uffd` (the raw ioctls), `smaps`,
-//!   `config`, `error`, `stats` (counters under the kernel's names), `stages` (the
-//!   sampled stage times of swap-ins and evictions);
+//! - primitives: `sys` (raw mappings), `eventfd` (the threads' wakes), `size`, `uffd`
+//!   (the raw ioctls), `smaps`, `config`, `error`, `stats` (counters under the kernel's
+//!   names), `stages` (the sampled stage times of swap-ins and evictions);
 //! - state, no behaviour beyond its own invariants: `folio` (the state machine),
 //!   `ra_window`, `table` (a region's folio table), `memcg` (charges and watermarks),
-//!   `staging`, `lru`, `reclaim_ctl`, `event_queue`, `own_zaps`, `ra_cache`, `zswap/` (the pool),
-//!   `seal` (page encryption), `swapfile/` (the swap file, `--encrypt`), `remote` (a
-//!   Redis/Valkey cluster in the swap file's place), `tier` (the tiers behind one face);
+//!   `staging`, `lru`, `reclaim_ctl`, `pollers` (which fault threads poll the
+//!   userfaultfd), `event_queue`, `own_zaps`, `ra_cache`, `zswap/` (the pool), `seal`
+//!   (page encryption), `swapfile/` (the swap file, `--encrypt`), `remote` (a Redis/Valkey
+//!   cluster in the swap file's place), `tier` (the tiers behind one face);
 //! - the context: `mm` (fields only, and the lock order);
 //! - what the paths share: `addrmap`, `gate` (the event gate), `install` (every
 //!   MOVE/COPY), `charge`, `release`;
@@ -36,6 +37,7 @@
 
 mod config;
 mod error;
+mod eventfd;
 mod size;
 mod smaps;
 mod stages;

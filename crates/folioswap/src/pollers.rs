@@ -29,7 +29,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
@@ -82,18 +82,7 @@ impl Pollers {
         let Some(cpus) = cpus.iter().copied().collect::<Option<Vec<usize>>>().filter(|c| c.len() > 1) else {
             return Ok(Pollers::everyone());
         };
-        let wakes = cpus
-            .iter()
-            .map(|_| {
-                // SAFETY: eventfd(2) with flags only; returns a new descriptor or -1.
-                let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // SAFETY: `fd` was just created and is owned by nobody else.
-                Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-            })
-            .collect::<std::io::Result<Vec<_>>>()?;
+        let wakes = cpus.iter().map(|_| crate::eventfd::new()).collect::<std::io::Result<Vec<_>>>()?;
         let claimed = cpus.iter().map(|_| AtomicBool::new(false)).collect();
         Ok(Pollers { cpus, wakes, claimed, ..Pollers::everyone() })
     }
@@ -190,12 +179,7 @@ impl Pollers {
             return false;
         }
         // From ALL the others stop at their next wake-up; to ALL they must start now.
-        let wake = |slot: usize| {
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a live u64 to our own eventfd; a full counter
-            // only means a wake is already pending.
-            unsafe { libc::write(self.wakes[slot].as_raw_fd(), (&one as *const u64).cast(), 8) };
-        };
+        let wake = |slot: usize| crate::eventfd::signal(self.wakes[slot].as_raw_fd());
         match to {
             ALL => (0..self.wakes.len()).filter(|&s| s != from).for_each(wake),
             slot => wake(slot),
@@ -246,9 +230,7 @@ mod tests {
     }
 
     fn pending(p: &Pollers, slot: usize) -> bool {
-        let mut count = 0u64;
-        // SAFETY: reads the 8-byte eventfd counter into a live u64 (non-blocking).
-        unsafe { libc::read(p.wakes[slot].as_raw_fd(), (&mut count as *mut u64).cast(), 8) == 8 }
+        crate::eventfd::drain(p.wakes[slot].as_raw_fd())
     }
 
     /// `n` samples of thread `tid` on `cpu`; how many changed the threads that poll.
