@@ -272,6 +272,10 @@ pub struct Config {
     /// With a swap file, a folio that does not compress at least this much (original
     /// size over compressed size) goes straight to the file instead of the pool.
     pub min_compression_ratio: f64,
+    /// With a swap file: while the pool only passes folios through to it (full, and
+    /// serving under 1/16 of the swap-ins), send them to the file directly
+    /// (`pool_bypass.rs`).
+    pub pool_bypass: bool,
     /// Order-0 swap slots a thread caches, allocated and returned in batches of this many
     /// (the kernel's per-CPU swap slot cache); 0 turns the caches off.
     pub slot_cache: usize,
@@ -345,6 +349,7 @@ impl Default for Config {
             auto_swap_file: true,
             accept_threshold_percent: 90,
             min_compression_ratio: 1.0,
+            pool_bypass: true,
             slot_cache: 64,
             vma_ra_enabled: true,
             page_cluster: 7,
@@ -383,6 +388,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FOLIOSWAP_EVICT_CLUSTER", "a block of 2^N pages, N from 0 (off) to 9"),
     ("FOLIOSWAP_RA_STRIDE", "1/0, true/false, yes/no or on/off"),
     ("FOLIOSWAP_RA_ASYNC", "1/0, true/false, yes/no or on/off"),
+    ("FOLIOSWAP_POOL_BYPASS", "1/0, true/false, yes/no or on/off"),
     ("FOLIOSWAP_SHARED_LIMIT", "the path of a file through which processes share memory_high"),
     ("FOLIOSWAP_REMOTE_TIER", crate::remote::RemoteSpec::ACCEPTED),
     ("FOLIOSWAP_REMOTE_TIMEOUT_MS", "milliseconds from 100 to 600000"),
@@ -477,6 +483,7 @@ impl Config {
             "FOLIOSWAP_EVICT_CLUSTER" => self.parse_evict_cluster(var, value)?,
             "FOLIOSWAP_RA_STRIDE" => self.ra_stride(parse_bool(var, value)?),
             "FOLIOSWAP_RA_ASYNC" => self.ra_async(parse_bool(var, value)?),
+            "FOLIOSWAP_POOL_BYPASS" => self.pool_bypass(parse_bool(var, value)?),
             // Empty is no path: refused here rather than when the engine cannot open it.
             "FOLIOSWAP_SHARED_LIMIT" if value.is_empty() => return Err(Error::config(var, value, accepted(var))),
             "FOLIOSWAP_SHARED_LIMIT" => self.shared_limit(value),
@@ -719,6 +726,10 @@ impl Config {
         self.ra_async = on;
         self
     }
+    pub fn pool_bypass(mut self, on: bool) -> Config {
+        self.pool_bypass = on;
+        self
+    }
 }
 
 #[cfg(test)]
@@ -755,6 +766,7 @@ mod tests {
             ("FOLIOSWAP_EVICT_CLUSTER", "0"),
             ("FOLIOSWAP_RA_STRIDE", "on"),
             ("FOLIOSWAP_RA_ASYNC", "0"),
+            ("FOLIOSWAP_POOL_BYPASS", "off"),
             ("FOLIOSWAP_RECOMP_ALGORITHM", "none"),
             ("FOLIOSWAP_LIB", "/opt/folioswap/lib/libfolioswap.so"),
             ("PATH", "/usr/bin"),
@@ -773,7 +785,7 @@ mod tests {
         assert_eq!(c.accept_threshold_percent, 80);
         assert_eq!(c.min_compression_ratio, 1.5);
         assert_eq!(c.slot_cache, 0);
-        assert!(!c.vma_ra_enabled && c.ra_stride && !c.ra_async);
+        assert!(!c.vma_ra_enabled && c.ra_stride && !c.ra_async && !c.pool_bypass);
         assert_eq!(c.page_cluster, 5);
         assert_eq!(c.evict_cluster, 0);
     }
@@ -878,6 +890,7 @@ mod tests {
             "FOLIOSWAP_EVICT_CLUSTER" => c.evict_cluster.to_string(),
             "FOLIOSWAP_RA_STRIDE" => c.ra_stride.to_string(),
             "FOLIOSWAP_RA_ASYNC" => c.ra_async.to_string(),
+            "FOLIOSWAP_POOL_BYPASS" => c.pool_bypass.to_string(),
             "FOLIOSWAP_SHARED_LIMIT" => c.shared_limit.as_deref().map(path).unwrap_or_default(),
             "FOLIOSWAP_REMOTE_TIER" => c.remote_tier.as_ref().map(|r| r.to_string()).unwrap_or_else(|| "none".into()),
             "FOLIOSWAP_REMOTE_TIMEOUT_MS" => c.remote_timeout_ms.to_string(),

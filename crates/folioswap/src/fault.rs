@@ -566,6 +566,8 @@ fn split_on_swapin(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSi
 fn fault_ra_hit(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSize, s: State) -> Step {
     match install_readahead(mm, table, target, folio, s) {
         Some(Ok(())) => {
+            let from = if s.kind() == Kind::Pool { LoadedFrom::Pool } else { LoadedFrom::File };
+            mm.tiers.note_readahead_hit(from, mm.lru.distance_since(table.entry(target).evicted_at()), &mm.lru, mm.memcg.limit);
             now_resident(mm, table, target, folio, s.with(CACHED, false), false, true);
             Step::SwappedIn { folio, head: target, hit: true, planned: None }
         }

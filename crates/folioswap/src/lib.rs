@@ -25,7 +25,9 @@
 //!   `staging`, `lru`, `reclaim_ctl`, `pollers` (which fault threads poll the
 //!   userfaultfd), `event_queue`, `own_zaps`, `ra_cache`, `zswap/` (the pool), `seal`
 //!   (page encryption), `swapfile/` (the swap file, `--encrypt`), `remote` (a Redis/Valkey
-//!   cluster in the swap file's place), `tier` (the tiers behind one face);
+//!   cluster in the swap file's place), `pool_share` (how much of the limit a charged
+//!   pool holds), `pool_bypass` (when the pool only passes folios through to the file),
+//!   `tier` (the tiers behind one face);
 //! - the context: `mm` (fields only, and the lock order);
 //! - what the paths share: `addrmap`, `gate` (the event gate), `install` (every
 //!   MOVE/COPY), `charge`, `release`;
@@ -51,6 +53,7 @@ mod lru;
 mod memcg;
 mod own_zaps;
 mod pollers;
+mod pool_bypass;
 mod pool_share;
 mod ra_cache;
 mod ra_window;

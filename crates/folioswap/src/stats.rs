@@ -279,6 +279,9 @@ counter_struct!(
         /// Folios sent to the swap file instead of the pool because they compressed less
         /// than `min_compression_ratio`.
         zswap_reject_compress_poor,
+        /// Folios sent to the swap file instead of the pool because the pool was only
+        /// passing folios through to it (`pool_bypass.rs`).
+        zswap_bypass,
         /// Swap file writes that failed (their slots are marked bad, the folio stays put),
         /// reads that failed, and reads whose data failed its checksum (both fail the fault).
         swap_write_error,

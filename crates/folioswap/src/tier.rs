@@ -11,7 +11,9 @@
 //! 2. onto the swap file, raw, when the pool is full and has not yet shrunk under
 //!    `accept_threshold_percent` of its cap (then nothing is compressed at all), when the
 //!    store finds it full (`zswap_pool_limit_hit`), or when the folio compresses less than
-//!    `min_compression_ratio` (`zswap_reject_compress_poor`) (`pswpout`).
+//!    `min_compression_ratio` (`zswap_reject_compress_poor`) (`pswpout`);
+//! 3. onto the swap file, raw, while the pool only passes folios through to it
+//!    (`pool_bypass.rs`, `zswap_bypass`).
 //!
 //! A folio is written whole into one aligned run of slots (`thp_swpout` for 2 MiB); when
 //! the allocator has no such run it is written as 4 KiB pieces and the folio is split
@@ -31,6 +33,7 @@ use crate::config::Config;
 use crate::folio::{Kind, LOCKED};
 use crate::lru::Lru;
 use crate::memcg::MemCg;
+use crate::pool_bypass::PoolBypass;
 use crate::pool_share::{Edges, LoadedFrom, PoolShare};
 use crate::reclaim_ctl::ReclaimCtl;
 use crate::size::{FolioSize, PAGE_SIZE};
@@ -227,11 +230,15 @@ pub(crate) struct Tiers {
     charged_share: Option<u64>,
     /// The charged pool's share of the limit, which the swap-ins move (`pool_share.rs`).
     pub pool_share: PoolShare,
+    /// Whether the pool only passes folios through to the file (`pool_bypass.rs`); `None`
+    /// with `pool_bypass` off or no file.
+    pub bypass: Option<PoolBypass>,
 }
 
 impl Tiers {
     pub fn new(zswap: Zswap, file: Option<SwapDevice>, config: &Config) -> Tiers {
-        let charged = config.charge_pool && file.is_some();
+        let has_file = file.is_some();
+        let charged = config.charge_pool && has_file;
         Tiers {
             charged_share: config.memory_high.filter(|_| charged).map(|high| high / 4 * 3),
             zswap,
@@ -242,6 +249,7 @@ impl Tiers {
             accept_threshold_percent: config.accept_threshold_percent as u64,
             min_compression_ratio: config.min_compression_ratio,
             pool_share: PoolShare::default(),
+            bypass: (config.pool_bypass && has_file).then(PoolBypass::default),
         }
     }
 
@@ -339,6 +347,7 @@ impl Tiers {
     /// the folio left, toward the charged pool's share (`pool_share.rs`); every window,
     /// move the share and measure the pool's edges anew.
     pub fn note_swapin(&self, from: LoadedFrom, distance: u64, lru: &Lru, limit: Option<u64>) {
+        self.note_readahead_hit(from, distance, lru, limit);
         let Some(limit) = self.charged_limit(limit) else {
             return;
         };
@@ -346,6 +355,17 @@ impl Tiers {
             let reach = lru.distance_since(self.pool_share.writeback_frontier());
             let pool = &self.zswap.pool;
             self.pool_share.open_window(Edges::new(limit, self.pool_folio_bytes(), pool.footprint_bytes(), reach));
+        }
+    }
+
+    /// Count a fault on a readahead copy (or, from `note_swapin`, any swap-in) toward the
+    /// pool's bypass (`pool_bypass.rs`): under a stream most swap-ins are readahead hits,
+    /// and the bypass would otherwise wait a long time for its window. The share counts
+    /// only the faults that read (`note_swapin`).
+    pub fn note_readahead_hit(&self, from: LoadedFrom, distance: u64, lru: &Lru, limit: Option<u64>) {
+        if let Some(bypass) = &self.bypass {
+            let reach = || lru.distance_since(self.pool_share.writeback_frontier());
+            bypass.note_swapin(from, distance, reach, limit.unwrap_or(0) / PAGE_SIZE as u64);
         }
     }
 
@@ -363,6 +383,11 @@ impl Tiers {
     ) -> Result<Vec<Placed>, SwapOutError> {
         let Evicted { data, folio, pieced } = evicted;
         let vm = &counters.vm;
+        let bypassed = self.bypass.as_ref().is_some_and(PoolBypass::active);
+        if bypassed && self.file.as_ref().is_some_and(|dev| dev.has_free_slots()) {
+            vm.zswap_bypass.inc();
+            return self.write_to_file(data, folio, batch, counters);
+        }
         if self.file.is_some() && !self.accepts(data.len() as u64 / 2) {
             return self.write_to_file(data, folio, batch, counters);
         }

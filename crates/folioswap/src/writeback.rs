@@ -89,6 +89,9 @@ pub(crate) fn writeback_batch(mm: &Mm, scratch: &mut CodecScratch, max: usize) -
                 mm.tiers.free(Kind::Pool, handle, folio);
                 mm.counters.vm.zswpwb.add(folio.pages() as u64);
                 mm.tiers.pool_share.note_writeback(e.evicted_at());
+                if let Some(bypass) = &mm.tiers.bypass {
+                    bypass.note_writeback(folio.pages() as u64);
+                }
                 publish(mm, &v.table, v.page, folio, s, &placed);
                 apply_pending_after_publish(mm, &v.table, v.page, folio);
                 e.unlock();

@@ -123,6 +123,40 @@ fn charge_pool_writes_back_to_stay_under_memory_high() {
     assert!(m.charged_bytes <= 16 << 20, "still over memory_high 20 s after the last fault: {m:?}");
 }
 
+/// Sequential passes over more than the limit and the pool together come back from the
+/// file, every folio written back before its fault could find it in the pool: once the
+/// swap-ins show that, folios go to the file directly (`zswap_bypass`) instead of being
+/// compressed and decompressed on the way. Two threads, each on its own region, every word
+/// checked after every pass; with `pool_bypass` off nothing is bypassed.
+#[test]
+fn a_pool_that_only_passes_folios_through_is_bypassed() {
+    for bypass in [true, false] {
+        // Readahead off: every swap-in is a fault, and the faults are what the bypass counts.
+        let config = Config::default().memory_high("8M").unwrap().charge_pool(true).page_cluster(0).unwrap().pool_bypass(bypass);
+        let e = engine_with(Box::new(swap_file(256 << 20)), config);
+        let options = || RegionOptions::default().folio_size("4K").unwrap();
+        let mut regions = [e.map(24 * MIB, options()).unwrap(), e.map(24 * MIB, options()).unwrap()];
+        std::thread::scope(|scope| {
+            for (i, a) in regions.iter_mut().enumerate() {
+                scope.spawn(move || {
+                    for pass in 0..3 {
+                        let seed = 10 + 4 * pass + i as u64;
+                        fill(a, seed);
+                        check(a, seed);
+                    }
+                });
+            }
+        });
+        let vm = e.stats().vm;
+        assert!(vm.zswpwb > 0 && vm.pswpin > 0, "bypass {bypass}: the pool never turned over: {vm:?}");
+        if bypass {
+            assert!(vm.zswap_bypass > 0, "the pool passed every folio through and was never bypassed: {vm:?}");
+        } else {
+            assert_eq!(vm.zswap_bypass, 0, "pool_bypass off: {vm:?}");
+        }
+    }
+}
+
 /// Text that lz4 leaves as large as it was goes to the swap file, one disk read per fault,
 /// unless the secondary codec (`recomp_algorithm`, zstd:1 by default) shrinks it: then it
 /// stays in the pool. Both ways, every byte comes back.
