@@ -102,7 +102,8 @@ fn split_swap_brings_huge_folios_back_as_small_pages() {
 
 #[test]
 fn every_folio_size_round_trips_through_the_pool() {
-    let e = engine(Config::default().memory_high("16M").unwrap());
+    // The pool is the subject: no bypass to the swap file, whatever the passes show.
+    let e = engine(Config::default().memory_high("16M").unwrap().pool_bypass(false));
     let mut regions: Vec<Region> = FolioSize::ALL.iter().map(|&f| e.map(8 * MIB, RegionOptions::default().folio(f)).unwrap()).collect();
     for (i, r) in regions.iter_mut().enumerate() {
         fill(r, i as u64);

@@ -60,7 +60,11 @@ fn library_swaps_as_nobody() {
                 let _still = e.quiesce();
                 e.stats()
             };
-            assert!(after.vm.zswpout > before.vm.zswpout, "{folio}: nothing was swapped out: {:?}", after.vm);
+            // Into the pool, or, once the passes show that the pool only passes folios
+            // through to the swap file made on demand, straight to the file (`pool_bypass`):
+            // the engine is shared by the three sizes, so a later one may find it on.
+            let swapped_out = |s: &folioswap::Stats| s.vm.zswpout + s.vm.pswpout;
+            assert!(swapped_out(&after) > swapped_out(&before), "{folio}: nothing was swapped out: {:?}", after.vm);
             // The charged pool writes its oldest entries back to the swap file made on
             // demand, so a folio may come back from either tier.
             let swapped_in = |s: &folioswap::Stats| s.vm.zswpin + s.vm.pswpin;
