@@ -14,10 +14,10 @@
 //! the mTHP zswap series leaves writeback policy "workload dependent".
 //!
 //! The rule, per window of `WINDOW` swap-ins:
-//! - **on** when the pool wrote back at least as many pages as the window swapped in
-//!   (it is full and turning over) and under 1/16 of the swap-ins came from it. The
-//!   pool's reach then is what `REACH` remembers: the farther of its own reach (the refault
-//!   distance of the entry written back last) and memory_high in pages.
+//! - **on** when the pool wrote back at least a page per swap-in of the window
+//!   (it is full and turning over) and under 1/16 of the swap-ins came from it. `reach`
+//!   then keeps how far back the pool held folios: the farther of its own reach (the
+//!   refault distance of the entry written back last) and memory_high in pages.
 //! - **off** when 1/16 or more of the window's swap-ins refaulted within that reach: the
 //!   pool would have held them, so the access has come closer.
 //!
