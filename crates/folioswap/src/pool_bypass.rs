@@ -8,7 +8,7 @@
 //! while the pool serves faults; under a stream that comes back only after more than the
 //! pool can hold (a sequential pass over more than the limit), every entry is written
 //! back before its fault, and the pool serves none: 4 KiB sequential usemem at 512M
-//! compressed 1.49 M folios into the pool, decompressed 1.40 M of them to write them back,
+//! compressed 1.46 M folios into the pool, decompressed 1.42 M of them to write them back,
 //! and loaded none (BENCHMARKS.md, "A pool that only passes folios through"). zswap does
 //! the same (its writeback is only ever of the oldest entries); this goes beyond it, as
 //! the mTHP zswap series leaves writeback policy "workload dependent".
@@ -58,8 +58,7 @@ impl PoolBypass {
         self.written_back.fetch_add(pages, Ordering::Relaxed);
     }
 
-    /// Count one swap-in of `pages` from `from`, `distance` pages of evictions after it
-    /// left. `reach` is the pool's reach now (the refault distance of the entry written
+    /// Count one swap-in from `from`, `distance` pages of evictions after it left. `reach` is the pool's reach now (the refault distance of the entry written
     /// back last) and `limit_pages` memory_high in pages; both are read only when the
     /// bypass turns on.
     pub fn note_swapin(&self, from: LoadedFrom, distance: u64, reach: impl Fn() -> u64, limit_pages: u64) {
