@@ -492,8 +492,7 @@ fn fault_swapin(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSiz
         Ok(how) => {
             mm.tiers.free(s.kind(), handle, folio);
             release_after_install(mm, slot, how, huge);
-            let from = if s.kind() == Kind::Pool { LoadedFrom::Pool } else { LoadedFrom::File };
-            mm.tiers.note_swapin(from, mm.lru.distance_since(e.evicted_at()), &mm.lru, mm.memcg.limit);
+            mm.tiers.note_swapin(LoadedFrom::of(s.kind()), mm.lru.distance_since(e.evicted_at()), &mm.lru, mm.memcg.limit);
             let huge = how.thp(huge) && folio.is_huge();
             now_resident(mm, table, target, folio, s, huge, true);
             mm.counters.vm.pgmajfault.inc();
@@ -566,8 +565,8 @@ fn split_on_swapin(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSi
 fn fault_ra_hit(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSize, s: State) -> Step {
     match install_readahead(mm, table, target, folio, s) {
         Some(Ok(())) => {
-            let from = if s.kind() == Kind::Pool { LoadedFrom::Pool } else { LoadedFrom::File };
-            mm.tiers.note_readahead_hit(from, mm.lru.distance_since(table.entry(target).evicted_at()), &mm.lru, mm.memcg.limit);
+            let distance = mm.lru.distance_since(table.entry(target).evicted_at());
+            mm.tiers.note_readahead_hit(LoadedFrom::of(s.kind()), distance, &mm.lru, mm.memcg.limit);
             now_resident(mm, table, target, folio, s.with(CACHED, false), false, true);
             Step::SwappedIn { folio, head: target, hit: true, planned: None }
         }

@@ -58,9 +58,9 @@ impl PoolBypass {
         self.written_back.fetch_add(pages, Ordering::Relaxed);
     }
 
-    /// Count one swap-in from `from`, `distance` pages of evictions after it left. `reach` is the pool's reach now (the refault distance of the entry written
-    /// back last) and `limit_pages` memory_high in pages; both are read only when the
-    /// bypass turns on.
+    /// Count one swap-in from `from`, `distance` pages of evictions after it left. `reach`
+    /// is the pool's reach now (the refault distance of the entry written back last) and
+    /// `limit_pages` memory_high in pages; both are read only when the bypass turns on.
     pub fn note_swapin(&self, from: LoadedFrom, distance: u64, reach: impl Fn() -> u64, limit_pages: u64) {
         let active = self.active();
         let served = if active { distance < self.reach.load(Ordering::Relaxed) } else { from == LoadedFrom::Pool };

@@ -37,6 +37,7 @@
 //! The counters are updated without a lock and reset by whichever fault closes the
 //! window: a count lost in that race only makes one window a fault shorter.
 
+use crate::folio::Kind;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// The share's unit: 1/64 of memory_high.
@@ -63,6 +64,17 @@ const EVIDENCE: u32 = WINDOW / 64;
 pub(crate) enum LoadedFrom {
     Pool,
     File,
+}
+
+impl LoadedFrom {
+    /// The tier of a folio stored as `kind` (Pool or Swapped).
+    pub fn of(kind: Kind) -> LoadedFrom {
+        if kind == Kind::Pool {
+            LoadedFrom::Pool
+        } else {
+            LoadedFrom::File
+        }
+    }
 }
 
 /// The window's view of the pool, fixed when it opens, in pages of the eviction clock:

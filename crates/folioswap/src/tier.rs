@@ -343,16 +343,22 @@ impl Tiers {
         self.charged_limit(limit).map(|limit| self.pool_share.cap(limit))
     }
 
+    /// The pool's reach, in pages of the eviction clock: the refault distance of the entry
+    /// written back last (the pool holds what was evicted after it).
+    fn pool_reach(&self, lru: &Lru) -> u64 {
+        lru.distance_since(self.pool_share.writeback_frontier())
+    }
+
     /// Count a swap-in from the pool or the file, `distance` pages of evictions after
-    /// the folio left, toward the charged pool's share (`pool_share.rs`); every window,
-    /// move the share and measure the pool's edges anew.
+    /// the folio left, toward the pool's bypass and the charged pool's share
+    /// (`pool_share.rs`); every window, move the share and measure the pool's edges anew.
     pub fn note_swapin(&self, from: LoadedFrom, distance: u64, lru: &Lru, limit: Option<u64>) {
         self.note_readahead_hit(from, distance, lru, limit);
         let Some(limit) = self.charged_limit(limit) else {
             return;
         };
         if self.pool_share.note_swapin(from, distance) {
-            let reach = lru.distance_since(self.pool_share.writeback_frontier());
+            let reach = self.pool_reach(lru);
             let pool = &self.zswap.pool;
             self.pool_share.open_window(Edges::new(limit, self.pool_folio_bytes(), pool.footprint_bytes(), reach));
         }
@@ -364,8 +370,7 @@ impl Tiers {
     /// only the faults that read (`note_swapin`).
     pub fn note_readahead_hit(&self, from: LoadedFrom, distance: u64, lru: &Lru, limit: Option<u64>) {
         if let Some(bypass) = &self.bypass {
-            let reach = || lru.distance_since(self.pool_share.writeback_frontier());
-            bypass.note_swapin(from, distance, reach, limit.unwrap_or(0) / PAGE_SIZE as u64);
+            bypass.note_swapin(from, distance, || self.pool_reach(lru), limit.unwrap_or(0) / PAGE_SIZE as u64);
         }
     }
 

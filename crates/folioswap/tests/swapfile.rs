@@ -131,7 +131,8 @@ fn charge_pool_writes_back_to_stay_under_memory_high() {
 #[test]
 fn a_pool_that_only_passes_folios_through_is_bypassed() {
     for bypass in [true, false] {
-        // Readahead off: every swap-in is a fault, and the faults are what the bypass counts.
+        // Readahead off: every swap-in is a fault that reads (readahead hits would count
+        // toward the bypass too), and each pass closes many windows.
         let config = Config::default().memory_high("8M").unwrap().charge_pool(true).page_cluster(0).unwrap().pool_bypass(bypass);
         let e = engine_with(Box::new(swap_file(256 << 20)), config);
         let options = || RegionOptions::default().folio_size("4K").unwrap();
