@@ -619,9 +619,10 @@ fn write_lines(path: &Path, bytes: usize) {
     out.flush().unwrap();
 }
 
-/// GNU sort of a file larger than the limit, in its big malloc'd buffer (sorting it is
-/// random access over the whole buffer, so 4K folios), output compared with sort run
-/// directly.
+/// GNU sort with a limit of about half its footprint (16 MiB of lines take 43 MiB resident
+/// without a limit), in its big malloc'd buffer (sorting it is random access over the
+/// whole buffer, so 4K folios), output compared with sort run directly. A smaller limit
+/// only thrashes: 48 MiB of lines at 40M took a minute of the suite for a million faults.
 #[test]
 fn sort_under_run() {
     let _serial = serial();
@@ -631,14 +632,14 @@ fn sort_under_run() {
     let expected = dir.join("expected.txt");
     let output = dir.join("output.txt");
     let stats = dir.join("stats.json");
-    write_lines(&input, 48 << 20);
+    write_lines(&input, 16 << 20);
     let env = [("LC_ALL", "C")];
 
     let reference = direct(&["sort", "-S", "128M", "-T", s(dir.path()), s(&input), "-o", s(&expected)], &env);
     reference.assert_success();
 
     let run = under_env(
-        &["--memory-high", "40M", "--folio", "4K"],
+        &["--memory-high", "24M", "--folio", "4K"],
         Some(&stats),
         &["sort", "-S", "128M", "-T", s(dir.path()), s(&input), "-o", s(&output)],
         &env,
@@ -912,14 +913,14 @@ fn sort_as_nobody() {
     let work = nb.work();
     let (input, expected, output, stats) =
         (work.join("input.txt"), work.join("expected.txt"), work.join("output.txt"), work.join("stats.json"));
-    write_lines(&input, 48 << 20);
+    write_lines(&input, 16 << 20);
     let env = [("LC_ALL", "C")];
     let reference = direct(&["sort", "-S", "128M", "-T", s(&work), s(&input), "-o", s(&expected)], &env);
     reference.assert_success();
     let mut cmd = nb.folioswap(&[
         "run",
         "--memory-high",
-        "40M",
+        "24M",
         "--folio",
         "4K",
         "--stats-json",
