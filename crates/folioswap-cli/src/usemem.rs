@@ -51,7 +51,7 @@ pub struct UsememArgs {
     /// memory_high for the engine (e.g. 512M), or "max".
     #[arg(long, default_value = "512M")]
     pub(crate) limit: String,
-    /// Folio size: 4K … 2M (default: FOLIOSWAP_FOLIO_SIZE or 2M).
+    /// Folio size: 4K … 2M (default: FOLIOSWAP_FOLIO_SIZE or 64K).
     #[arg(long)]
     pub(crate) folio: Option<String>,
     /// Rounds over the whole region.

@@ -486,7 +486,7 @@ fn python_bytearray_under_run() {
     run.assert_total_positive("zswpout");
 }
 
-/// Blocks of 1 MiB, such as CPython's arenas, under the default 2 MiB folios: each is a
+/// Blocks of 1 MiB, such as CPython's arenas, under a 2 MiB cap (`--folio 2M`): each is a
 /// region of 1 MiB folios (`FolioSize::fitting`), so writing one costs 1 MiB of resident
 /// memory, not the whole 2 MiB THP it was rounded up to before (peak RSS 94 MB against 54
 /// MB unmanaged for a CPython dict). Then, at a limit under the blocks' total, every byte
