@@ -135,4 +135,5 @@ def test_stats_has_the_json_counters():
     assert int(a.sum()) == 32 << 20
     t = e.stats()
     assert t["pgfault"] > s["pgfault"] and t["zswpout"] > 0
-    assert t["per_size"]["2048kB"]["zswpout"] > 0 and t["per_size"]["2048kB"]["anon_fault_alloc"] == 16
+    # The default folio size, 64K: 512 folios first touched.
+    assert t["per_size"]["64kB"]["zswpout"] > 0 and t["per_size"]["64kB"]["anon_fault_alloc"] == 512
