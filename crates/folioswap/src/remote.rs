@@ -135,6 +135,11 @@ struct Shared {
     write_of: Box<[AtomicU64]>,
     live: Box<[AtomicU32]>,
     keys: Mutex<Keys>,
+    /// Held by whoever has taken freed runs' keys out of `keys.doomed` until it has
+    /// deleted them: closing takes it too, so that it never returns (and the process
+    /// exits, killing the lease thread) while the lease thread deletes a batch it took.
+    /// Lock order: deleting -> keys.
+    deleting: Mutex<()>,
     /// Wakes the lease thread (deletions queued, or stop).
     wake: Condvar,
     stop: AtomicBool,
@@ -212,6 +217,7 @@ impl RemoteTier {
             write_of: zeroed_u64s(slots),
             live: zeroed_u32s(slots),
             keys: Mutex::new(Keys::default()),
+            deleting: Mutex::new(()),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
             writing: AtomicU32::new(0),
@@ -542,16 +548,17 @@ impl Shared {
     fn lease_loop(&self) {
         let mut renewed = Instant::now();
         loop {
-            let doomed = {
-                let keys = self.keys.lock().unwrap();
-                let (mut keys, _) = self.wake.wait_timeout(keys, Duration::from_millis(200)).unwrap();
-                std::mem::take(&mut keys.doomed)
-            };
-            if !doomed.is_empty() {
-                self.delete(&doomed);
-            }
-            if self.stop.load(Ordering::Acquire) {
-                return;
+            drop(self.wake.wait_timeout(self.keys.lock().unwrap(), Duration::from_millis(200)).unwrap());
+            {
+                let _deleting = self.deleting.lock().unwrap();
+                if self.stop.load(Ordering::Acquire) {
+                    // Closing deletes what is left.
+                    return;
+                }
+                let doomed = std::mem::take(&mut self.keys.lock().unwrap().doomed);
+                if !doomed.is_empty() {
+                    self.delete(&doomed);
+                }
             }
             if self.is_down.load(Ordering::Acquire) {
                 self.check_up();
@@ -670,6 +677,9 @@ impl RemoteTier {
         while s.writing.load(Ordering::SeqCst) > 0 && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(1));
         }
+        // After any batch the lease thread took before the stop: it deletes that batch
+        // before letting go, and takes no other.
+        let _deleting = s.deleting.lock().unwrap();
         let mut keys = s.keys.lock().unwrap();
         let mut all = std::mem::take(&mut keys.doomed);
         all.extend(keys.live.drain().map(|(first, (write, _))| s.key(first as u64, write)));
