@@ -233,8 +233,9 @@ pub struct Config {
     pub charge_pool: bool,
     /// Default folio size of new regions: 64K. 2 MiB folios are THPs, and sequential passes
     /// swap them fastest, but their first eviction is blind to which of their 512 pages are
-    /// in use: programs that access at random ran faster with 64K at every limit measured
-    /// (BENCHMARKS.md, "64 KiB folios by default"). Ask for 2M where the access streams.
+    /// in use: programs that access at random ran faster with 64K, or as fast, at every
+    /// limit measured (BENCHMARKS.md, "64 KiB folios by default"). Ask for 2M where the
+    /// access streams.
     #[serde(serialize_with = "serialize_display")]
     pub folio_size: FolioSize,
     pub compressor: Compressor,
