@@ -146,7 +146,8 @@ pub enum SwapinPolicy {
     /// each fetched by its own fault, as the kernel swaps in without mTHP swap-in.
     Never,
     /// The whole folio when the fault looks sequential (at the folio's first or last
-    /// page, where a stream enters it), else only the page.
+    /// page, where a stream enters it) or the folio is on the swap file and no larger
+    /// than 64 KiB (one read brings all of it), else only the page.
     Adaptive,
 }
 

@@ -39,7 +39,7 @@ use crate::mm::Mm;
 use crate::pool_share::LoadedFrom;
 use crate::ra_cache::RaRequest;
 use crate::ra_window::swapin_whole;
-use crate::readahead::{install_readahead, readahead_after_fault, start_readahead, swapin_from_file};
+use crate::readahead::{install_readahead, readahead_after_fault, start_readahead, swapin_from_file, SWAPIN_READ_MAX};
 use crate::release::{release_after_install, release_staged};
 use crate::size::{FolioSize, PAGE_SIZE};
 use crate::stages::{self, Stage};
@@ -306,7 +306,7 @@ fn resolve(mm: &Mm, table: &Arc<FolioTable>, page: usize) -> Step {
         }
         Kind::SwapCache => fault_swapcache(mm, table, target, folio, s),
         Kind::Pool | Kind::Swapped if s.has(CACHED) => fault_ra_hit(mm, table, target, folio, s),
-        Kind::Pool | Kind::Swapped if !split && swapin_in_part(mm, table, page, folio) => {
+        Kind::Pool | Kind::Swapped if !split && swapin_in_part(mm, table, page, folio, s) => {
             if split_on_swapin(mm, table, target, folio, s) {
                 // Now order-0 pages: the retry swaps in the one that faulted.
                 e.unlock();
@@ -511,17 +511,21 @@ fn fault_swapin(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSiz
     }
 }
 
-/// Whether a swap-in fault at `page` of an unsplit large folio brings back only that
-/// page (the region's `swapin_enabled`; `ra_window::swapin_whole` judges `adaptive`).
-/// Never while a buffer is being made resident for a system call (`Mm::prefaulting`).
-fn swapin_in_part(mm: &Mm, table: &FolioTable, page: usize, folio: FolioSize) -> bool {
+/// Whether a swap-in fault at `page` of an unsplit large folio in state `s` brings back
+/// only that page (the region's `swapin_enabled`; `ra_window::swapin_whole` judges
+/// `adaptive`). Never while a buffer is being made resident for a system call
+/// (`Mm::prefaulting`).
+fn swapin_in_part(mm: &Mm, table: &FolioTable, page: usize, folio: FolioSize, s: State) -> bool {
     if mm.prefaulting.load(Ordering::Relaxed) > 0 {
         return false;
     }
     match table.swapin {
         SwapinPolicy::Always => false,
         SwapinPolicy::Never => true,
-        SwapinPolicy::Adaptive => !swapin_whole(page % folio.pages(), folio.pages()),
+        SwapinPolicy::Adaptive => {
+            let one_read = s.kind() == Kind::Swapped && folio.bytes() <= SWAPIN_READ_MAX;
+            !swapin_whole(page % folio.pages(), folio.pages(), one_read)
+        }
     }
 }
 

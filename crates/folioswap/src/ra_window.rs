@@ -174,8 +174,14 @@ impl RegionRa {
 /// signal, "next to a recent one": in a region of a few dozen folios, such as an
 /// interpreter's heap, nearly every random fault is next to one of the last eight, and
 /// CPython's dict benchmark swapped in whole folios 2 700 times as often as in part.)
-pub(crate) fn swapin_whole(offset: usize, pages: usize) -> bool {
-    offset == 0 || offset + 1 == pages
+///
+/// `one_read`: the folio is on the swap file and no larger than a fault's read may be
+/// (`readahead::SWAPIN_READ_MAX`, 64 KiB). Then it comes back whole wherever the fault
+/// is: on this disk a 64 KiB read takes about as long as two and a half 4 KiB reads, and
+/// split, its pages would each pay a read of their own when they fault (BENCHMARKS.md,
+/// "A folio on the swap file comes back whole").
+pub(crate) fn swapin_whole(offset: usize, pages: usize, one_read: bool) -> bool {
+    one_read || offset == 0 || offset + 1 == pages
 }
 
 #[cfg(test)]
@@ -206,11 +212,17 @@ mod tests {
 
     #[test]
     fn adaptive_swapin_takes_streams_whole_and_random_faults_in_part() {
-        assert!(swapin_whole(0, 512));
-        assert!(swapin_whole(511, 512));
-        assert!(!swapin_whole(200, 512));
-        assert!(!swapin_whole(1, 512));
-        assert!(swapin_whole(0, 16) && swapin_whole(15, 16) && !swapin_whole(7, 16));
+        assert!(swapin_whole(0, 512, false));
+        assert!(swapin_whole(511, 512, false));
+        assert!(!swapin_whole(200, 512, false));
+        assert!(!swapin_whole(1, 512, false));
+        assert!(swapin_whole(0, 16, false) && swapin_whole(15, 16, false) && !swapin_whole(7, 16, false));
+    }
+
+    #[test]
+    fn adaptive_swapin_takes_a_folio_read_in_one_read_whole() {
+        assert!(swapin_whole(7, 16, true));
+        assert!(swapin_whole(1, 2, true));
     }
 
     #[test]

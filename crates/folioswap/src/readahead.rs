@@ -180,7 +180,7 @@ fn read_ahead(mm: &Mm, r: &RaRequest) {
 /// The most a fault's own read carries, its folio included: on this disk a read's time
 /// grows with its length past about 64 KiB (../shared/design/MEASUREMENTS.md: 4 KiB
 /// 52–68 µs, 64 KiB at 0.45 GB/s), and a faulting thread should not wait for more.
-const SWAPIN_READ_MAX: usize = 64 << 10;
+pub(crate) const SWAPIN_READ_MAX: usize = 64 << 10;
 
 /// A swap-in fault of `folio` at `head` (locked by the caller) whose data is on the swap
 /// file, into `dst`: read its window's nearest neighbours on the file in the same I/O

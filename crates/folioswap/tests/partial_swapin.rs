@@ -5,6 +5,7 @@
 //!
 //! The folio is split while other threads fault its other pages, while reclaim evicts
 //! its pages that came back, in the pool and on the swap file, in both install modes.
+//! Under `adaptive` a 64 KiB folio on the swap file comes back whole wherever it faults.
 
 use folioswap::{Config, Engine, InstallMode, Region, RegionOptions, Stats, SwapinPolicy};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -334,4 +335,68 @@ fn always_brings_whole_folios_back() {
     let st = e.stats();
     assert_eq!(st.vm.thp_swpin_fallback, 0, "{:?}", st.vm);
     assert!(st.vm.thp_swpin > 0, "{:?}", st.vm);
+}
+
+/// `adaptive`: a 64 KiB folio on the swap file comes back whole wherever its fault lands
+/// (one read carries it for the time of a page's, and split, its pages would each pay a
+/// read), while one in the pool still comes back in part. Data that does not compress
+/// goes to the file (`min_compression_ratio`); each fault lands in the middle of its
+/// folio, where `adaptive` would otherwise take the page alone; every word is checked.
+#[test]
+fn adaptive_brings_a_64k_folio_on_the_file_back_whole() {
+    const FOLIO: usize = 16;
+    let noise = |page: usize, k: usize, version: u64| {
+        let mut x = (page as u64) << 32 ^ (k as u64) << 4 ^ version ^ 0x9E37_79B9_7F4A_7C15;
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+        x ^ x >> 29
+    };
+    let run = |file: bool| -> folioswap::SizeStat {
+        let config = Config::default().memory_high("8M").unwrap().swapin_enabled(SwapinPolicy::Adaptive);
+        let config =
+            if file { config.swap_file("/var/tmp", "64M").unwrap().min_compression_ratio("2").unwrap() } else { config.no_swap_file() };
+        let e = Engine::new(config).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
+        let region = e.map(32 * MIB, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
+        let words = |page: usize| (region.as_ptr() as usize + page * PAGE) as *mut u64;
+        let pages = region.len() / PAGE;
+        let write = |page: usize, version: u64| {
+            for k in 0..PAGE / 8 {
+                // SAFETY: the page lies inside the region, which stays mapped until the end.
+                unsafe { words(page).add(k).write_volatile(noise(page, k, version)) };
+            }
+        };
+        let check = |page: usize, version: u64| {
+            for k in 0..PAGE / 8 {
+                // SAFETY: as in `write`.
+                let got = unsafe { words(page).add(k).read_volatile() };
+                assert_eq!(got, noise(page, k, version), "page {page} word {k} (file {file})");
+            }
+        };
+        for page in 0..pages {
+            write(page, 1);
+        }
+        let mut rng = Rng(0xF11E);
+        let mut version = vec![1u64; pages];
+        for _ in 0..pages / FOLIO {
+            let page = rng.below(pages / FOLIO) * FOLIO + FOLIO / 2 - 1;
+            check(page, version[page]);
+            version[page] += 1;
+            write(page, version[page]);
+        }
+        for (page, &v) in version.iter().enumerate() {
+            check(page, v);
+        }
+        let s = e.stats();
+        assert_eq!(s.vm.oom_kill, 0, "{:?}", s.vm);
+        if file {
+            assert_eq!(s.vm.zswpin, 0, "everything went to the file: {:?}", s.vm);
+            assert!(s.vm.pswpin > 0, "{:?}", s.vm);
+        }
+        s.per_size.get("64kB").cloned().unwrap_or_default()
+    };
+    let on_file = run(true);
+    assert!(on_file.swpin > 0, "folios came back from the file: {on_file:?}");
+    assert_eq!((on_file.split, on_file.swpin_fallback), (0, 0), "none was split: {on_file:?}");
+    let in_pool = run(false);
+    assert!(in_pool.split > 0, "faults in the middle of pool folios still take their page alone: {in_pool:?}");
 }
