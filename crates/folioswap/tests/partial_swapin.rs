@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Barrier};
 
 mod common;
-use common::{in_child, wait_child};
+use common::{in_child, mix64, wait_child};
 
 const MIB: usize = 1 << 20;
 const PAGE: usize = 4096;
@@ -338,19 +338,14 @@ fn always_brings_whole_folios_back() {
 }
 
 /// `adaptive`: a 64 KiB folio on the swap file comes back whole wherever its fault lands
-/// (one read carries it for the time of a page's, and split, its pages would each pay a
-/// read), while one in the pool still comes back in part. Data that does not compress
+/// (one read carries all of it, and split, its pages would each pay a read of their
+/// own), while one in the pool still comes back in part. Data that does not compress
 /// goes to the file (`min_compression_ratio`); each fault lands in the middle of its
 /// folio, where `adaptive` would otherwise take the page alone; every word is checked.
 #[test]
 fn adaptive_brings_a_64k_folio_on_the_file_back_whole() {
     const FOLIO: usize = 16;
-    let noise = |page: usize, k: usize, version: u64| {
-        let mut x = (page as u64) << 32 ^ (k as u64) << 4 ^ version ^ 0x9E37_79B9_7F4A_7C15;
-        x ^= x >> 33;
-        x = x.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
-        x ^ x >> 29
-    };
+    let noise = |page: usize, k: usize, version: u64| mix64((page as u64) << 32 ^ (k as u64) << 4 ^ version);
     let run = |file: bool| -> folioswap::SizeStat {
         let config = Config::default().memory_high("8M").unwrap().swapin_enabled(SwapinPolicy::Adaptive);
         let config =

@@ -55,15 +55,21 @@ pub fn check_incompressible(region: &Region) {
     }
 }
 
+/// splitmix64's finalizer: a well-mixed 64-bit hash of `x` (data no codec shrinks).
+pub fn mix64(x: u64) -> u64 {
+    let mut z = x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// The byte `fill_text(region, seed)` writes at offset `i`: a letter or digit, drawn by a
 /// hash of the offset and the seed. Such text is what lz4 cannot shrink (it has no
 /// entropy coder, and random letters repeat no 4-byte string) while zstd takes a third off.
 pub fn text_byte(i: usize, seed: u64) -> u8 {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut z = (i as u64).wrapping_add(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    ALPHABET[((z ^ (z >> 31)) % ALPHABET.len() as u64) as usize]
+    let z = mix64((i as u64).wrapping_add(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+    ALPHABET[(z % ALPHABET.len() as u64) as usize]
 }
 
 /// Fill `region` with random letters and digits (`text_byte`).
