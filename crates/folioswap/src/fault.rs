@@ -173,6 +173,13 @@ pub(crate) fn fault_thread(mm: Arc<Mm>) {
                     mm.counters.vm.fault_poll_moves.inc();
                 }
                 last = Some(tid);
+                // Read again only if a message is waiting: a read takes the gate's write
+                // lock, which waits for every eviction's move in flight and holds up every
+                // install behind it, and one read in seven found nothing at 4K random
+                // (BENCHMARKS.md, "A read of the userfaultfd only when a message waits").
+                if !mm.uffd.has_message() {
+                    break;
+                }
             }
         }
     }

@@ -426,6 +426,13 @@ impl Uffd {
         Err(IoctlError { errno: last_errno(), done: 0 })
     }
 
+    /// Whether a message is queued now, asked without reading it (poll(2) with no wait).
+    pub fn has_message(&self) -> bool {
+        let mut fd = libc::pollfd { fd: self.raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: `fd` is one valid pollfd that outlives the call; a zero timeout never blocks.
+        unsafe { libc::poll(&mut fd, 1, 0) == 1 && fd.revents & libc::POLLIN != 0 }
+    }
+
     /// Read one message without blocking; `Ok(None)` when the queue is empty.
     pub fn read_msg(&self) -> io::Result<Option<Msg>> {
         let mut raw = RawMsg { event: 0, _reserved1: 0, _reserved2: 0, _reserved3: 0, arg: [0; 3] };
@@ -544,5 +551,46 @@ impl PageMap {
             pos = arg.walk_end;
         }
         Ok(total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `has_message` says whether a fault is queued without taking it: false before the
+    /// fault, true (twice) once it is queued, false again once it is read.
+    #[test]
+    fn has_message_sees_a_queued_fault_without_reading_it() {
+        let uffd = Uffd::open(FEATURE_THREAD_ID).unwrap_or_else(|e| panic!("this test needs a userfaultfd (root): {e:?}"));
+        let len = 4096;
+        // SAFETY: a fresh private anonymous mapping, unmapped at the end of the test.
+        let addr = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        assert_ne!(addr, libc::MAP_FAILED, "mmap: {}", io::Error::last_os_error());
+        let addr = addr as usize;
+        uffd.register(addr, len, REGISTER_MODE_MISSING).expect("register");
+        assert!(!uffd.has_message(), "nothing has faulted yet");
+        let toucher = std::thread::spawn(move || {
+            // SAFETY: the page is mapped; the read blocks in a userfault until the test
+            // copies the page in.
+            unsafe { std::ptr::read_volatile(addr as *const u8) }
+        });
+        let mut fd = libc::pollfd { fd: uffd.raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd; no timeout: this waits for the fault to be queued.
+        assert_eq!(unsafe { libc::poll(&mut fd, 1, -1) }, 1);
+        assert!(uffd.has_message(), "a fault is queued");
+        assert!(uffd.has_message(), "asking does not take the message");
+        match uffd.read_msg().expect("read") {
+            Some(Msg::PageFault { addr: at, .. }) => assert_eq!(at & !(len - 1), addr),
+            _ => panic!("expected the page fault"),
+        }
+        assert!(!uffd.has_message(), "the only message was read");
+        let page = [0x5Au8; 4096];
+        uffd.copy(addr, page.as_ptr(), len, true).expect("copy");
+        assert_eq!(toucher.join().expect("the touching thread"), 0x5A);
+        // SAFETY: the mapping made above, no longer used.
+        unsafe { libc::munmap(addr as *mut libc::c_void, len) };
     }
 }
