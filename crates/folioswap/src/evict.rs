@@ -148,7 +148,7 @@ fn shrink_one_timed(mm: &Mm, scratch: &mut CodecScratch, who: Reclaimer) -> Recl
         unlock_run(mm, run, neighbours, err == MoveOutError::TryLater);
         return Reclaimed::Busy;
     }
-    mm.memcg.note_eviction((count * folio.bytes()) as u64);
+    mm.memcg.note_eviction(folio.bytes() as u64);
     let members = into_swap_cache(mm, &table, head, folio, at, run);
     mm.counters.vm.pgsteal_cluster.add((neighbours.0 + neighbours.1) as u64);
     // A large folio goes into the pool as pieces unless its region always swaps in whole.
@@ -217,9 +217,11 @@ fn pick_victim(mm: &Mm) -> Result<(LruEntry, State), Reclaimed> {
     Err(if busy { Reclaimed::Busy } else { Reclaimed::Nothing })
 }
 
-/// Add to `run` the LRU candidates near the head that follow it in the address space.
+/// Add to `run` the LRU candidates near the head that follow it in the address space,
+/// up to 2 MiB and no more than the watermark gap: one run takes usage at most a gap
+/// under the low watermark, whatever the limit.
 fn extend_batch(mm: &Mm, run: &mut Vec<(LruEntry, State)>, folio: FolioSize) {
-    let max = HUGE_SIZE / folio.bytes();
+    let max = (HUGE_SIZE as u64).min(mm.memcg.watermark_gap()) as usize / folio.bytes();
     while run.len() < max {
         let (table, next, order) = {
             let last = &run.last().expect("nonempty").0;
@@ -918,6 +920,33 @@ mod tests {
         let mut run = vec![(LruEntry { table: t.clone(), page: 3, order: 0, gen: s.gen() }, s)];
         assert_eq!(cluster_neighbours(off.mm(), &mut run), (0, 0));
         t.entry(3).unlock();
+    }
+
+    /// A run of small folios evicted together stops at the watermark gap (the gap of a
+    /// 16M limit with nothing evicted yet is 256K: four 64 KiB folios), so that one
+    /// eviction cannot take usage far under the low watermark of a small limit.
+    #[test]
+    fn a_batch_is_no_longer_than_the_watermark_gap() {
+        let config = Config::default().memory_high("16M").unwrap().reclaim_threads(1).no_swap_file();
+        let engine = Engine::new(config).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
+        let mut region = engine.map(2 << 20, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
+        let mm = engine.mm();
+        assert_eq!(mm.memcg.watermark_gap(), 256 << 10);
+        // 32 folios, in address order on the LRU: each continues the one before.
+        region.as_mut_slice().iter_mut().step_by(64 << 10).for_each(|b| *b = 7);
+        let (victim, s) = pick_victim(mm).unwrap_or_else(|_| panic!("no victim on the LRU"));
+        assert_eq!(victim.page, 0);
+        let mut run = vec![(victim, s)];
+        extend_batch(mm, &mut run, FolioSize::K64);
+        let heads: Vec<usize> = run.iter().map(|(v, _)| v.page).collect();
+        // Unlocked before the check, so that a failure reports instead of hanging the
+        // region's teardown on locked folios.
+        for (v, _) in run {
+            v.table.entry(v.page).unlock();
+            mm.lru.requeue(v);
+        }
+        assert_eq!(heads, vec![0, 16, 32, 48]);
+        assert!(region.as_slice().iter().step_by(64 << 10).all(|&b| b == 7));
     }
 
     /// A folio the pool cannot take is put back where it was, whole: never dropped.

@@ -9,13 +9,18 @@
 //! Watermarks follow kswapd: background reclaim starts above the high watermark and stops
 //! under the low one, a *gap* apart (and a gap under the limit); a fault that would take
 //! usage over the limit reclaims directly. The gap is memory the program does not get, so
-//! it is as small as reclaim allows: limit/128 (at least 256K), while evictions are small
-//! runs that leave in microseconds; up to limit/32 (at least 2M, at most 64M) while they
-//! are 2 MiB runs, each of which frees its memory only once compressed (a millisecond):
-//! then faults would otherwise stall in direct reclaim. The gap is 8 times the recent
-//! mean run (`note_eviction`), between the two. On a 34M limit the smaller gap cut a
-//! random-access program's faults by a quarter; a sequential 2 MiB stream at 512M ran at
-//! 60% of its speed with it (BENCHMARKS.md, "A watermark gap that follows the evictions").
+//! it is as small as reclaim allows: limit/128 (at least 256K), while the folios evicted
+//! are small ones that leave in microseconds; up to limit/32 (at least 2M, at most 64M)
+//! while they are 2 MiB folios, each of which frees its memory only once compressed (a
+//! millisecond): then faults would otherwise stall in direct reclaim. The gap is 8 times
+//! the recent mean size of the folios evicted (`note_eviction`), between the two. On a
+//! 34M limit the smaller gap cut a random-access program's faults by a quarter; a
+//! sequential 2 MiB stream at 512M ran at 60% of its speed with it (BENCHMARKS.md, "A
+//! watermark gap that follows the evictions"). It follows the folio, not the run of
+//! small folios evicted together, and a run is never longer than the gap (`evict.rs`): at
+//! a 41M limit runs of 64 KiB folios up to 2 MiB made the gap 2M, kept usage up to 4M
+//! under the limit, and cost the dict program a third more faults (BENCHMARKS.md, "The
+//! gap follows the folio, not the run").
 //!
 //! Several processes can share one limit, as the processes of one cgroup do
 //! (`shared_limit`, set by `folioswap run`): the limit and watermarks then apply to the
@@ -37,12 +42,12 @@ pub(crate) enum Component {
 
 pub(crate) struct MemCg {
     pub limit: Option<u64>,
-    /// The watermark gap's bounds: for small eviction runs, and for 2 MiB ones.
+    /// The watermark gap's bounds: for small folios evicted, and for 2 MiB ones.
     min_gap: u64,
     max_gap: u64,
-    /// Recent eviction runs' mean size in bytes (an exponential average, updated
-    /// without a lock: a lost update only delays it).
-    mean_run: AtomicU64,
+    /// The mean size in bytes of the folios recently evicted (an exponential average,
+    /// updated without a lock: a lost update only delays it).
+    mean_folio: AtomicU64,
     pub charge_pool: bool,
     charged: AtomicU64,
     resident: AtomicU64,
@@ -70,7 +75,7 @@ impl MemCg {
             limit,
             min_gap,
             max_gap,
-            mean_run: AtomicU64::new(0),
+            mean_folio: AtomicU64::new(0),
             charge_pool,
             charged: AtomicU64::new(0),
             resident: AtomicU64::new(0),
@@ -208,15 +213,16 @@ impl MemCg {
         self.overrun_peak.load(Ordering::Relaxed)
     }
 
-    /// An eviction run of `bytes` left memory: the watermark gap follows the runs' size.
-    pub fn note_eviction(&self, bytes: u64) {
-        let mean = self.mean_run.load(Ordering::Relaxed);
-        self.mean_run.store(mean - mean / 8 + bytes / 8, Ordering::Relaxed);
+    /// A run of folios of `folio_bytes` each left memory: the watermark gap follows the
+    /// folio size.
+    pub fn note_eviction(&self, folio_bytes: u64) {
+        let mean = self.mean_folio.load(Ordering::Relaxed);
+        self.mean_folio.store(mean - mean / 8 + folio_bytes / 8, Ordering::Relaxed);
     }
 
     /// How far apart the watermarks are, and the high one from the limit.
     pub fn watermark_gap(&self) -> u64 {
-        (8 * self.mean_run.load(Ordering::Relaxed)).clamp(self.min_gap, self.max_gap)
+        (8 * self.mean_folio.load(Ordering::Relaxed)).clamp(self.min_gap, self.max_gap)
     }
 
     /// Above the high watermark: background reclaim starts.
@@ -377,10 +383,10 @@ mod tests {
         assert_eq!(m.usage(0), 64 << 20);
     }
 
-    /// The gap is small while evictions are small runs, grows to limit/32 while they are
-    /// 2 MiB ones, and comes back down once they are small again.
+    /// The gap is small while the folios evicted are small, grows to limit/32 while they
+    /// are 2 MiB ones, and comes back down once they are small again.
     #[test]
-    fn watermark_gap_follows_the_eviction_runs() {
+    fn watermark_gap_follows_the_evicted_folios() {
         let m = MemCg::new(Some(512 << 20), false);
         assert_eq!(m.watermark_gap(), 4 << 20);
         let usage = (512 << 20) - (6 << 20);
