@@ -148,7 +148,10 @@ fn shrink_one_timed(mm: &Mm, scratch: &mut CodecScratch, who: Reclaimer) -> Recl
         unlock_run(mm, run, neighbours, err == MoveOutError::TryLater);
         return Reclaimed::Busy;
     }
-    mm.memcg.note_eviction(folio.bytes() as u64);
+    // A run that fills a whole 2 MiB batch is a stream's, and needs the gap a 2 MiB folio
+    // does; any shorter one frees a folio at a time.
+    let run_bytes = count * folio.bytes();
+    mm.memcg.note_eviction(if run_bytes >= HUGE_SIZE { run_bytes } else { folio.bytes() } as u64);
     let members = into_swap_cache(mm, &table, head, folio, at, run);
     mm.counters.vm.pgsteal_cluster.add((neighbours.0 + neighbours.1) as u64);
     // A large folio goes into the pool as pieces unless its region always swaps in whole.
@@ -947,6 +950,27 @@ mod tests {
         }
         assert_eq!(heads, vec![0, 16, 32, 48]);
         assert!(region.as_slice().iter().step_by(64 << 10).all(|&b| b == 7));
+    }
+
+    /// A run that fills a whole 2 MiB batch is a stream's: it counts as a 2 MiB folio, and
+    /// the watermark gap grows from its floor as a 2 MiB stream's does (at 512M).
+    #[test]
+    fn full_batches_widen_the_gap_as_huge_folios_do() {
+        let config = Config::default().memory_high("512M").unwrap().reclaim_threads(1).no_swap_file();
+        let engine = Engine::new(config).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
+        let mut region = engine.map(16 << 20, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
+        let mm = engine.mm();
+        let floor = mm.memcg.watermark_gap();
+        assert_eq!(floor, 4 << 20);
+        let byte = |i: usize| (i % 251) as u8 | 1;
+        region.as_mut_slice().iter_mut().step_by(PAGE_SIZE).enumerate().for_each(|(i, b)| *b = byte(i));
+        let mut scratch = CodecScratch::new();
+        // Eight runs of 32 contiguous cold folios, oldest first.
+        for _ in 0..8 {
+            assert_eq!(shrink_one(mm, &mut scratch, Reclaimer::Kswapd), Reclaimed::Freed);
+        }
+        assert!(mm.memcg.watermark_gap() > 2 * floor, "gap {} after 8 full batches", mm.memcg.watermark_gap());
+        assert!(region.as_slice().iter().step_by(PAGE_SIZE).enumerate().all(|(i, &b)| b == byte(i)));
     }
 
     /// A folio the pool cannot take is put back where it was, whole: never dropped.

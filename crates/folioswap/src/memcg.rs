@@ -17,10 +17,11 @@
 //! 34M limit the smaller gap cut a random-access program's faults by a quarter; a
 //! sequential 2 MiB stream at 512M ran at 60% of its speed with it (BENCHMARKS.md, "A
 //! watermark gap that follows the evictions"). It follows the folio, not the run of
-//! small folios evicted together, and a run is never longer than the gap (`evict.rs`): at
-//! a 41M limit runs of 64 KiB folios up to 2 MiB made the gap 2M, kept usage up to 4M
-//! under the limit, and cost the dict program a third more faults (BENCHMARKS.md, "The
-//! gap follows the folio, not the run").
+//! small folios evicted together, unless the run fills a whole 2 MiB batch (a stream's,
+//! which needs the gap a 2 MiB folio does); and a run is never longer than the gap
+//! (`evict.rs`). At a 41M limit runs of 64 KiB folios up to 2 MiB had made the gap 2M,
+//! kept usage up to 4M under the limit, and cost the dict program a third more faults
+//! (BENCHMARKS.md, "The gap follows the folio, not the run").
 //!
 //! Several processes can share one limit, as the processes of one cgroup do
 //! (`shared_limit`, set by `folioswap run`): the limit and watermarks then apply to the
@@ -45,8 +46,8 @@ pub(crate) struct MemCg {
     /// The watermark gap's bounds: for small folios evicted, and for 2 MiB ones.
     min_gap: u64,
     max_gap: u64,
-    /// The mean size in bytes of the folios recently evicted (an exponential average,
-    /// updated without a lock: a lost update only delays it).
+    /// The mean size in bytes of what recent evictions freed at a time (`note_eviction`;
+    /// an exponential average, updated without a lock: a lost update only delays it).
     mean_folio: AtomicU64,
     pub charge_pool: bool,
     charged: AtomicU64,
@@ -213,11 +214,11 @@ impl MemCg {
         self.overrun_peak.load(Ordering::Relaxed)
     }
 
-    /// A run of folios of `folio_bytes` each left memory: the watermark gap follows the
-    /// folio size.
-    pub fn note_eviction(&self, folio_bytes: u64) {
+    /// A run of folios left memory, freeing `bytes` at a time (a folio's size, or a whole
+    /// stream batch's): the watermark gap follows it.
+    pub fn note_eviction(&self, bytes: u64) {
         let mean = self.mean_folio.load(Ordering::Relaxed);
-        self.mean_folio.store(mean - mean / 8 + folio_bytes / 8, Ordering::Relaxed);
+        self.mean_folio.store(mean - mean / 8 + bytes / 8, Ordering::Relaxed);
     }
 
     /// How far apart the watermarks are, and the high one from the limit.
