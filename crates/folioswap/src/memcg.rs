@@ -18,8 +18,9 @@
 //! sequential 2 MiB stream at 512M ran at 60% of its speed with it (BENCHMARKS.md, "A
 //! watermark gap that follows the evictions"). It follows the folio, not the run of
 //! small folios evicted together, unless the run fills a whole 2 MiB batch (a stream's,
-//! which needs the gap a 2 MiB folio does); and a run is never longer than the gap
-//! (`evict.rs`). At a 41M limit runs of 64 KiB folios up to 2 MiB had made the gap 2M,
+//! which needs the gap a 2 MiB folio does); and a batch of folios taken off the LRU is
+//! never longer than the gap (`evict.rs` `extend_batch`; a 4 KiB victim's cluster is at
+//! most 2^`evict_cluster` pages, 64K by default, under the smallest gap). At a 41M limit runs of 64 KiB folios up to 2 MiB had made the gap 2M,
 //! kept usage up to 4M under the limit, and cost the dict program a third more faults
 //! (BENCHMARKS.md, "The gap follows the folio, not the run").
 //!
