@@ -73,15 +73,25 @@ pub(crate) struct FolioActions {
 pub(crate) struct EventQueue {
     /// Marked and not yet retired: consulted by whoever applies a folio.
     pending: Mutex<Vec<Arc<PendingEvent>>>,
-    /// Waiting for a thread to walk their range.
+    /// Waiting for a thread to walk their range; every folio they cover was flagged first.
     to_walk: Mutex<VecDeque<Arc<PendingEvent>>>,
 }
 
 impl EventQueue {
-    /// Record an event: pending from now on, and queued for a walk over its range.
-    pub fn push(&self, event: PendingEvent) {
+    /// Record an event: pending from now on, so that whoever applies a folio in its range
+    /// applies it too. Not walked until [`EventQueue::queue_walk`].
+    pub fn push(&self, event: PendingEvent) -> Arc<PendingEvent> {
         let event = Arc::new(event);
         self.pending.lock().unwrap().push(event.clone());
+        event
+    }
+
+    /// Queue a pushed event for a walk over its range, once every folio it covers is
+    /// flagged PENDING: a walker passes a folio without the flag, so one that started
+    /// earlier would find nothing to do, retire the event, and leave the flags set after it
+    /// naming an event nobody applies any more (a discard lost: the stress test read old
+    /// data where the program had discarded).
+    pub fn queue_walk(&self, event: Arc<PendingEvent>) {
         self.to_walk.lock().unwrap().push_back(event);
     }
 

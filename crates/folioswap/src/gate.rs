@@ -126,12 +126,17 @@ fn mark_event(mm: &Mm, msg: Msg) {
     kick(mm);
 }
 
-/// Queue the event and flag every folio it covers (every page, where the folio is split).
+/// Record the event, flag every folio it covers (every page, where the folio is split),
+/// then queue it for the walk, in that order: a folio flagged before its event is recorded
+/// could be applied without it, and an event walked before its folios are flagged could be
+/// retired unapplied (`EventQueue::queue_walk`).
 fn mark(mm: &Mm, table: &Arc<FolioTable>, page: usize, pages: usize, kind: EventKind) {
     if pages == 0 {
         return;
     }
-    mm.events.push(PendingEvent::new(table.clone(), page, pages, kind));
+    let event = mm.events.push(PendingEvent::new(table.clone(), page, pages, kind));
+    #[cfg(test)]
+    tests::BEFORE_FLAGS.with(|hook| hook.get().map(|hook| hook(mm)));
     let folio_pages = table.folio.pages();
     let mut head = table.head_of(page);
     while head < page + pages {
@@ -144,5 +149,68 @@ fn mark(mm: &Mm, table: &Arc<FolioTable>, page: usize, pages: usize, kind: Event
             h.set_flag(PENDING);
         }
         head += folio_pages;
+    }
+    mm.events.queue_walk(event);
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::events::{apply_pending_locked, apply_queued_events};
+    use crate::folio::Kind;
+    use crate::size::{FolioSize, PAGE_SIZE};
+    use crate::{Config, Engine, Region, RegionOptions};
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Run by `mark` between recording an event and flagging its folios, where a
+        /// walker on another thread may run.
+        pub(super) static BEFORE_FLAGS: Cell<Option<fn(&Mm)>> = const { Cell::new(None) };
+        /// The region `remove_page` discards in: a hook is a plain `fn`.
+        static REGION_START: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// An engine with no limit, and a 1 MiB region of 64 KiB folios, every byte 7, whose
+    /// pages `remove_page` discards; its table and first folio's head.
+    pub(crate) fn resident_region() -> (Engine, Region, Arc<FolioTable>, usize) {
+        let engine = Engine::new(Config::default().no_swap_file()).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
+        let mut region = engine.map(1 << 20, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
+        region.as_mut_slice().fill(7);
+        REGION_START.with(|start| start.set(region.as_ptr() as usize));
+        let (entry, head) = ADDRESS_MAP.lookup(region.as_ptr() as usize).expect("the region is mapped");
+        (engine, region, entry.table, head)
+    }
+
+    /// A REMOVE of page `page` of the `resident_region`, read and marked as the gate does
+    /// when the program discards it (the kernel's zap is not done: the page keeps its data).
+    pub(crate) fn remove_page(mm: &Mm, page: usize) {
+        let start = REGION_START.with(|start| start.get()) + page * PAGE_SIZE;
+        let _gate = mm.gate.write().unwrap();
+        mark_event(mm, Msg::Remove { start, end: start + PAGE_SIZE });
+    }
+
+    /// A walk that runs while an event is being marked must not retire it before its
+    /// folios are flagged. Before, it did: the folio kept the flag with no event behind
+    /// it, and a discarded page kept its data (the stress test read old data back).
+    #[test]
+    fn an_event_is_not_walked_before_its_folios_are_flagged() {
+        let (engine, region, table, head) = resident_region();
+        let mm = engine.mm();
+        // The folio's second page, with a walk in the middle of marking it.
+        BEFORE_FLAGS.with(|hook| hook.set(Some(apply_queued_events)));
+        remove_page(mm, 1);
+        BEFORE_FLAGS.with(|hook| hook.set(None));
+        // Whoever locks the folio next applies what is flagged on it (the engine's own
+        // walk may be doing so now: the lock waits for it).
+        let h = table.entry(head);
+        if h.lock().has(PENDING) {
+            apply_pending_locked(mm, &table, head, FolioSize::K64).unwrap_or_else(|e| panic!("applying the event: {e}"));
+        }
+        h.unlock();
+        let (folio, page) = (h.load(), table.entry(head + 1).load());
+        assert!(folio.has(SPLIT) && page.kind() == Kind::Untouched, "the event was not applied: folio {folio:?}, page {page:?}");
+        assert!(!page.has(PENDING), "the page is still flagged: {page:?}");
+        assert_eq!(h.load().kind(), Kind::Resident);
+        assert!(region.as_slice()[..PAGE_SIZE].iter().all(|&b| b == 7), "the kept page lost its data");
     }
 }
