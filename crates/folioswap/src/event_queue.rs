@@ -5,7 +5,8 @@
 //! An event stays pending until the walker has applied it over its whole range, which
 //! may take a while (it waits for folios under writeback), but it is applied to each page
 //! *once*: [`EventQueue::take_actions`] records the pages it hands an event's action for,
-//! and neither it nor [`EventQueue::actions`] hands that action again. Applied twice, a
+//! and neither it nor [`EventQueue::actions`] hands that action again, unless the taker
+//! gives it back because it could not apply it ([`EventQueue::give_back`]). Applied twice, a
 //! REMOVE would zero data the program wrote after the first time, once the folio had
 //! been swapped back in, written and swapped out again before the walker was done.
 //!
@@ -52,6 +53,11 @@ impl PendingEvent {
         let i = page - self.page;
         self.applied[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
     }
+
+    fn clear_applied(&self, page: usize) {
+        let i = page - self.page;
+        self.applied[i / 64].fetch_and(!(1 << (i % 64)), Ordering::Relaxed);
+    }
 }
 
 /// What the pending events make of one page.
@@ -67,6 +73,8 @@ pub(crate) enum Action {
 pub(crate) struct FolioActions {
     pub pages: Vec<Action>,
     pub force_split: bool,
+    /// The (event, page) pairs `take_actions` recorded as applied, for `give_back`.
+    taken: Vec<(Arc<PendingEvent>, usize)>,
 }
 
 #[derive(Default)]
@@ -112,13 +120,22 @@ impl EventQueue {
     }
 
     /// The same, for the caller (holding the folio's lock) to apply now: each event's
-    /// pages in the folio count as applied from here on.
+    /// pages in the folio count as applied from here on, unless given back.
     pub fn take_actions(&self, table: &Arc<FolioTable>, target: usize, folio: FolioSize) -> FolioActions {
         self.fold(table, target, folio, true)
     }
 
+    /// The caller could not apply what it took (no memory to split the folio) and left the
+    /// folio as it was: its pages count as not applied again, for whoever locks it next.
+    pub fn give_back(&self, actions: FolioActions) {
+        let _pending = self.pending.lock().unwrap();
+        for (ev, page) in actions.taken {
+            ev.clear_applied(page);
+        }
+    }
+
     fn fold(&self, table: &Arc<FolioTable>, target: usize, folio: FolioSize, take: bool) -> FolioActions {
-        let mut actions = FolioActions { pages: vec![Action::Keep; folio.pages()], force_split: false };
+        let mut actions = FolioActions { pages: vec![Action::Keep; folio.pages()], force_split: false, taken: Vec::new() };
         for ev in self.pending.lock().unwrap().iter() {
             if !Arc::ptr_eq(&ev.table, table) {
                 continue;
@@ -135,6 +152,7 @@ impl EventQueue {
                 }
                 if take {
                     ev.set_applied(p);
+                    actions.taken.push((ev.clone(), p));
                 }
             }
         }
@@ -170,6 +188,23 @@ mod tests {
         // The second folio still gets the first event, once.
         assert_eq!(q.take_actions(&t, 16, FolioSize::K64).pages[..2], [Action::Zero, Action::Zero]);
         assert!(q.take_actions(&t, 16, FolioSize::K64).pages.iter().all(|&a| a == Action::Keep));
+    }
+
+    /// What a taker could not apply (no memory to split the folio) is handed again to the
+    /// next one; an action given back was never lost in between.
+    #[test]
+    fn actions_given_back_are_taken_again() {
+        let (q, t) = (EventQueue::default(), table());
+        q.push(PendingEvent::new(t.clone(), 14, 4, EventKind::Remove));
+        let first = q.take_actions(&t, 0, FolioSize::K64);
+        assert_eq!(first.pages[14..16], [Action::Zero, Action::Zero]);
+        q.give_back(first);
+        assert_eq!(q.actions(&t, 0, FolioSize::K64).pages[14..16], [Action::Zero, Action::Zero]);
+        let again = q.take_actions(&t, 0, FolioSize::K64);
+        assert_eq!(again.pages[14..16], [Action::Zero, Action::Zero]);
+        assert!(q.take_actions(&t, 0, FolioSize::K64).pages.iter().all(|&a| a == Action::Keep));
+        // The other folio's pages were never taken by the first folio's taker.
+        assert_eq!(q.take_actions(&t, 16, FolioSize::K64).pages[..2], [Action::Zero, Action::Zero]);
     }
 
     #[test]

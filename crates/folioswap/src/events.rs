@@ -55,23 +55,31 @@ impl fmt::Display for ApplyError {
     }
 }
 
-/// Walk the ranges of marked events, applying them, then retire them.
+/// Walk the ranges of marked events, applying them, then retire them. An event that could
+/// not be applied to some folio (no memory to split it) is not retired but walked again
+/// at the next call, which comes with the next message or kick.
 pub(crate) fn apply_queued_events(mm: &Mm) {
     loop {
         let Some(event) = mm.events.next_to_walk() else { return };
         let table = &event.table;
         let folio_pages = table.folio.pages();
         let mut head = table.head_of(event.page);
+        let mut applied = true;
         while head < event.page + event.pages {
-            apply_folio(mm, table, head, event.page, event.pages);
+            applied &= apply_folio(mm, table, head, event.page, event.pages);
             head += folio_pages;
+        }
+        if !applied {
+            mm.events.queue_walk(event);
+            return;
         }
         mm.events.retire(&event);
     }
 }
 
 /// Apply whatever is pending on the folio at `head` (on its pages in range, if split).
-fn apply_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, page: usize, pages: usize) {
+/// False if it could not be applied (the folio keeps it pending).
+fn apply_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, page: usize, pages: usize) -> bool {
     let folio = table.folio;
     loop {
         let h = table.entry(head);
@@ -83,7 +91,7 @@ fn apply_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, page: usize, pages
             }
             if !s.has(PENDING) {
                 h.unlock();
-                return;
+                return true;
             }
             match apply_pending_locked(mm, table, head, folio) {
                 Ok(()) => {
@@ -92,7 +100,7 @@ fn apply_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, page: usize, pages
                     if split_now {
                         continue;
                     }
-                    return;
+                    return true;
                 }
                 Err(ApplyError::WaitWriteback) => {
                     h.unlock();
@@ -101,11 +109,12 @@ fn apply_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, page: usize, pages
                 }
                 Err(err) => {
                     h.unlock();
-                    eprintln!("folioswap: applying an event to the folio at page {head}: {err}");
-                    return;
+                    eprintln!("folioswap: applying an event to the folio at page {head} (tried again later): {err}");
+                    return false;
                 }
             }
         }
+        let mut applied = true;
         for p in head.max(page)..(head + folio.pages()).min(page + pages) {
             let e = table.entry(p);
             loop {
@@ -121,7 +130,8 @@ fn apply_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, page: usize, pages
                     }
                     other => {
                         if let Err(err) = other {
-                            eprintln!("folioswap: applying an event to page {p}: {err}");
+                            eprintln!("folioswap: applying an event to page {p} (tried again later): {err}");
+                            applied = false;
                         }
                         e.unlock();
                         break;
@@ -129,7 +139,7 @@ fn apply_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, page: usize, pages
                 }
             }
         }
-        return;
+        return applied;
     }
 }
 
@@ -145,7 +155,8 @@ pub(crate) fn apply_pending_locked(mm: &Mm, table: &Arc<FolioTable>, target: usi
             return Err(ApplyError::WaitWriteback);
         }
         e.clear_locked(PENDING);
-        let FolioActions { pages: actions, force_split } = mm.events.take_actions(table, target, folio);
+        let taken = mm.events.take_actions(table, target, folio);
+        let FolioActions { pages: actions, force_split, .. } = &taken;
         let uniform = actions.iter().all(|&a| a == actions[0]);
         if folio.pages() == 1 || (uniform && !force_split) {
             match actions[0] {
@@ -154,7 +165,16 @@ pub(crate) fn apply_pending_locked(mm: &Mm, table: &Arc<FolioTable>, target: usi
                 Action::Gone => drop_folio(mm, table, target, folio, Kind::Gone),
             }
         } else {
-            split_folio(mm, table, target, folio, &actions)?;
+            if let Err(err) = split_folio(mm, table, target, folio, actions) {
+                // The folio is as it was: the events stay to apply, by whoever locks it next.
+                mm.events.give_back(taken);
+                e.set_flag(PENDING);
+                return Err(err);
+            }
+            // Its pages are folios of their own now, each with what was marked on the folio
+            // since (the head page's too): applied page by page, not as a folio of this size
+            // again, which would split the split folio once more.
+            return Ok(());
         }
     }
     Ok(())
@@ -217,7 +237,11 @@ fn split_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, 
     let mut actions = actions.to_vec();
     let gate = match staged {
         Some((at, batch)) => move_split_pages(mm, table, head, folio, at, batch, &mut actions),
-        None => mm.gate.read().unwrap(),
+        None => {
+            #[cfg(test)]
+            tests::BEFORE_SPLIT_GATE.with(|hook| hook.get().map(|hook| hook(mm)));
+            mm.gate.read().unwrap()
+        }
     };
     let was = s.kind();
     let page_kind = |a: Action| match (a, was) {
@@ -331,6 +355,14 @@ fn move_split_pages<'m>(
                             pump_events(mm);
                             continue 'again;
                         }
+                        HaltReason::Failed(err) if err.errno == libc::EEXIST => {
+                            // The page is mapped already: a copy in that an event stopped part
+                            // way put it there, and the program may have written it since. It
+                            // stays as it is; the rest of the run goes on.
+                            let at = i + moved_now;
+                            moved[at] = true;
+                            i = at + 1;
+                        }
                         why => {
                             eprintln!("folioswap: moving a split folio's pages back to {dst:#x}: {why:?}");
                             i = j;
@@ -360,6 +392,84 @@ pub(crate) fn apply_pending_after_publish(mm: &Mm, table: &Arc<FolioTable>, head
         match apply_pending_locked(mm, table, head, size) {
             Ok(()) | Err(ApplyError::WaitWriteback) => {}
             Err(err) => eprintln!("folioswap: applying an event after a swap-out: {err}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evict::{shrink_one, Reclaimer};
+    use crate::gate::tests::{remove_page, resident_region};
+    use crate::mm::Reclaimed;
+    use crate::zswap::CodecScratch;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Run by `split_folio` of a folio with nothing staged, after its actions were
+        /// taken and before it takes the gate, where another event may be marked.
+        pub(super) static BEFORE_SPLIT_GATE: Cell<Option<fn(&Mm)>> = const { Cell::new(None) };
+    }
+
+    /// An event marked while a folio is being split, after its actions were taken, is
+    /// applied to the page it covers alone. Before, the folio was applied again at its own
+    /// size and split a second time, which made a page the first split had discarded
+    /// Resident again (and would have dropped the handle of any page stored meanwhile).
+    #[test]
+    fn an_event_marked_during_a_split_is_applied_to_its_page_alone() {
+        let (engine, region, table, head) = resident_region();
+        let mm = engine.mm();
+        // Held from before the first event, so that this thread applies it (the engine's
+        // walk waits), with the second event marked in the middle of the split.
+        let h = table.entry(head);
+        h.lock();
+        remove_page(mm, 1);
+        BEFORE_SPLIT_GATE.with(|hook| hook.set(Some(|mm| remove_page(mm, 3))));
+        let applied = apply_pending_locked(mm, &table, head, FolioSize::K64);
+        BEFORE_SPLIT_GATE.with(|hook| hook.set(None));
+        h.unlock();
+        applied.unwrap_or_else(|e| panic!("applying the events: {e}"));
+        let third = table.entry(head + 3);
+        if third.lock().has(PENDING) {
+            apply_pending_locked(mm, &table, head + 3, FolioSize::K4).unwrap_or_else(|e| panic!("applying the second event: {e}"));
+        }
+        third.unlock();
+        let kinds: Vec<Kind> = (0..16).map(|p| table.entry(head + p).load().kind()).collect();
+        let expected: Vec<Kind> = (0..16).map(|p| if p == 1 || p == 3 { Kind::Untouched } else { Kind::Resident }).collect();
+        assert!(h.load().has(SPLIT));
+        assert_eq!(kinds, expected);
+        assert!(region.as_slice()[..PAGE_SIZE].iter().all(|&b| b == 7), "a kept page lost its data");
+    }
+
+    /// Splitting a swapped-out folio whose page is mapped already (a copy in that an event
+    /// stopped part way put it there, and the program wrote it since) keeps that page as
+    /// it is and moves the rest of the folio back. Before, the rest of the run after it
+    /// was left out, marked Resident but unmapped: it read back as zeros.
+    #[test]
+    fn a_split_keeps_a_page_mapped_already_and_moves_the_rest() {
+        let (engine, region, table, head) = resident_region();
+        let mm = engine.mm();
+        let mut scratch = CodecScratch::new();
+        assert_eq!(shrink_one(mm, &mut scratch, Reclaimer::Kswapd), Reclaimed::Freed);
+        assert_eq!(table.entry(head).load().kind(), Kind::Pool, "the first folio is evicted first");
+        // Page 2 comes back on its own, with new data, as a stopped copy in leaves it.
+        let written = [9u8; PAGE_SIZE];
+        let page2 = region.as_ptr() as usize + 2 * PAGE_SIZE;
+        mm.uffd.copy(page2, written.as_ptr(), PAGE_SIZE, true).unwrap_or_else(|e| panic!("copying page 2 in: {e}"));
+        let h = table.entry(head);
+        h.lock();
+        remove_page(mm, 1);
+        let applied = apply_pending_locked(mm, &table, head, FolioSize::K64);
+        h.unlock();
+        applied.unwrap_or_else(|e| panic!("applying the event: {e}"));
+        let pages: Vec<&[u8]> = region.as_slice().chunks(PAGE_SIZE).take(16).collect();
+        let fill = |p: usize| match p {
+            1 => 0,
+            2 => 9,
+            _ => 7,
+        };
+        for (p, page) in pages.iter().enumerate() {
+            assert!(page.iter().all(|&b| b == fill(p)), "page {p} reads {} where {} was expected", page[0], fill(p));
         }
     }
 }
