@@ -230,10 +230,13 @@ fn stress_with(mode: FaultMode, compressor: &str, split: bool, swap_file: bool, 
                     let base = if near { (t.hot.load(Ordering::Relaxed) + rng.below(4 * folio_cells)) % cells } else { rng.below(cells) };
                     let own = base - base % THREADS + tid;
                     let own = if own < cells { own } else { tid };
+                    // Discards are 3%: the race 84a70be fixed (a walk retired an event
+                    // before its folios were flagged) failed 1 of 48 runs of the swap-file
+                    // cases at 1% and 3 of 24 at 3% (20 000 operations each, two at once).
                     match rng.below(1000) {
                         0..=1 => cut_range(t, &mut rng, true),
-                        2..=11 => cut_range(t, &mut rng, false),
-                        12..=600 => {
+                        2..=31 => cut_range(t, &mut rng, false),
+                        32..=600 => {
                             let _g = t.lock.read().unwrap();
                             write_cell(t, r, own);
                         }
@@ -301,7 +304,7 @@ fn stress_with(mode: FaultMode, compressor: &str, split: bool, swap_file: bool, 
         stats.vm.swap_ra_hit,
         stats.vm.pgsteal_cluster,
     );
-    assert!(failures.is_empty(), "{} failures, first: {}", failures.len(), failures[0]);
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
     assert!(stats.vm.zswpout > 0 && stats.vm.zswpin > 0, "the test must swap: {:?}", stats.vm);
     assert!(stats.vm.uffd_remove > 0 && stats.vm.uffd_unmap > 0, "the test must discard and unmap");
     // Readahead is on by default (VMA, page_cluster 7, on the helper); the sweeps feed it.
