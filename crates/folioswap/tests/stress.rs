@@ -231,7 +231,7 @@ fn stress_with(mode: FaultMode, compressor: &str, split: bool, swap_file: bool, 
                     let own = base - base % THREADS + tid;
                     let own = if own < cells { own } else { tid };
                     // Discards are 3%: the race 84a70be fixed (a walk retired an event
-                    // before its folios were flagged) failed 1 of 48 runs of the swap-file
+                    // before its folios were flagged) failed 1 of 78 runs of the swap-file
                     // cases at 1% and 3 of 24 at 3% (20 000 operations each, two at once).
                     match rng.below(1000) {
                         0..=1 => cut_range(t, &mut rng, true),
