@@ -349,7 +349,7 @@ fn move_split_pages<'m>(
                 let moved_now = done.min(len) / PAGE_SIZE;
                 moved[i..i + moved_now].iter_mut().for_each(|m| *m = true);
                 match halt {
-                    Ok(()) => i = j,
+                    Ok(_) => i = j,
                     Err(halt) => match halt.why {
                         HaltReason::EventQueued => {
                             // An event waits to be read: read it, then start over.
@@ -445,6 +445,65 @@ mod tests {
         for (p, page) in region.as_slice().chunks(PAGE_SIZE).enumerate().filter(|&(p, _)| p != 1 && p != 3) {
             assert!(page.iter().all(|&b| b == 7), "kept page {p} lost its data");
         }
+    }
+
+    /// A fault read before a REMOVE and served after it, while the kernel's zap of the
+    /// discarded page has not run yet, finds the page still mapped with its old data. It
+    /// must leave the page Untouched and uncharged. Before, the zero copy stepped over the
+    /// page and marked it Resident: an eviction before the zap then stored the discarded
+    /// data, and the page read it back after the zap instead of zeros.
+    #[test]
+    fn a_fault_before_the_zap_leaves_a_discarded_page_untouched() {
+        let (engine, region, table, head) = resident_region();
+        let mm = engine.mm();
+        let h = table.entry(head);
+        h.lock();
+        remove_page(mm, 1);
+        let applied = apply_pending_locked(mm, &table, head, FolioSize::K64);
+        h.unlock();
+        applied.unwrap_or_else(|e| panic!("applying the event: {e}"));
+        assert_eq!(table.entry(head + 1).load().kind(), Kind::Untouched);
+        let charged = mm.memcg.get(Component::Resident);
+        let page1 = region.as_ptr() as usize + PAGE_SIZE;
+        assert!(matches!(crate::fault::handle_fault(mm, page1), crate::fault::FaultOutcome::Served));
+        let page = table.entry(head + 1).load();
+        assert_eq!(page.kind(), Kind::Untouched, "a page the program discarded was taken in with its old data: {page:?}");
+        assert_eq!(mm.memcg.get(Component::Resident), charged, "the page was charged");
+        assert_eq!(mm.counters.vm.fault_before_zap.get(), 1);
+        // Every other page of the region keeps its data; page 1 too, until a zap.
+        for (p, page) in region.as_slice().chunks(PAGE_SIZE).enumerate() {
+            assert!(page.iter().all(|&b| b == 7), "page {p} lost its data");
+        }
+    }
+
+    /// The same for a 2 MiB folio discarded whole: its zero install is copied around the
+    /// mapped pages. Before, the move into the mapped range failed the fault.
+    #[test]
+    fn a_fault_before_the_zap_of_a_2m_folio_is_served_and_left_untouched() {
+        let engine = crate::Engine::new(crate::Config::default().no_swap_file()).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
+        let mut region = engine.map(2 << 20, crate::RegionOptions::default().folio_size("2M").unwrap()).unwrap();
+        region.as_mut_slice().fill(7);
+        let mm = engine.mm();
+        let start = region.as_ptr() as usize;
+        let (entry, head) = crate::addrmap::ADDRESS_MAP.lookup(start).expect("the region is mapped");
+        let table = entry.table;
+        crate::gate::tests::remove(mm, start, 2 << 20);
+        let h = table.entry(head);
+        if h.lock().has(PENDING) {
+            apply_pending_locked(mm, &table, head, FolioSize::M2).unwrap_or_else(|e| panic!("applying the event: {e}"));
+        }
+        h.unlock();
+        assert_eq!(h.load().kind(), Kind::Untouched);
+        let charged = mm.memcg.get(Component::Resident);
+        match crate::fault::handle_fault(mm, start + 5 * PAGE_SIZE) {
+            crate::fault::FaultOutcome::Served => {}
+            crate::fault::FaultOutcome::Failed(err) => panic!("the fault failed: {err}"),
+            crate::fault::FaultOutcome::NotOurs(why) => panic!("the fault was not served: {why:?}"),
+        }
+        assert_eq!(h.load().kind(), Kind::Untouched, "a folio the program discarded was taken in with its old data");
+        assert_eq!(mm.memcg.get(Component::Resident), charged, "the folio was charged");
+        assert_eq!(mm.counters.vm.fault_before_zap.get(), 1);
+        assert!(region.as_slice().iter().all(|&b| b == 7), "a page lost its data before the zap");
     }
 
     /// Splitting a swapped-out folio whose page is mapped already (a copy in that an event

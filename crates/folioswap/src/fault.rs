@@ -7,7 +7,8 @@
 //!    owns it, if another one) and retries `resolve` until it settles.
 //! 3. `resolve` locks the folio (its head, or the page once split), applies any event
 //!    pending on it (`events.rs`), and takes one arm per state:
-//!    - Untouched / ZeroSwapped → `fault_zero`: charge, install zeros;
+//!    - Untouched / ZeroSwapped → `fault_zero`: charge, install zeros (unless the
+//!      kernel's zap of discarded pages is still to come);
 //!    - Resident → `fill_hole`: another thread's fault mapped it already (or an event
 //!      zapped a page, which reads as zeros);
 //!    - SwapCache under WRITEBACK → ask the compressor for it back (WANTED) and wait;
@@ -364,6 +365,15 @@ fn fill_hole(mm: &Mm, table: &Arc<FolioTable>, page: usize) -> Step {
 }
 
 /// First touch (or the return of an all-zero folio): install the folio zeroed.
+///
+/// A folio whose pages are partly or wholly mapped already is left Untouched
+/// and uncharged (`fault_before_zap`): an applied REMOVE released it, and the kernel's zap
+/// of the old pages has not run yet (a fault read before the event, served after it). Their
+/// data is what the program discarded; marked Resident, an eviction before the zap would
+/// store it and bring it back after. The zap makes the folio a hole again, and the next
+/// fault fills it; the pages the copy did fill hold zeros, as the zap leaves them (where a
+/// zap in progress had passed them already, they stay mapped and unclaimed, outside the
+/// limit, until the program discards or unmaps them).
 fn fault_zero(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSize, s: State) -> Step {
     let bytes = folio.bytes() as u64;
     let _charge = match reserve(mm, bytes) {
@@ -376,17 +386,34 @@ fn fault_zero(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSize,
                 if from_reserve {
                     mm.memcg.uncharge(Component::StagingFree, bytes);
                 }
-                let r = install_slot(mm, table, target, folio, slot);
-                match r {
-                    Ok(Installed::Moved) => mm.staging.put_hole(slot),
-                    _ => mm.staging.put_filled(slot, huge, &mm.memcg),
+                // A move cannot step over mapped pages: copy around them (rare; checked
+                // first, since a move that meets one has moved part of the slot away).
+                let mapped = table.folio_addr(target, folio.pages()).is_some_and(|addr| mm.staging.any_present(addr, folio.bytes()));
+                if mapped {
+                    let r = install_zero(mm, table, target, folio, mm.staging.addr(slot));
+                    mm.staging.put_filled(slot, huge, &mm.memcg);
+                    match r {
+                        Ok(0) => Ok(false),
+                        Ok(_mapped_already) => return zero_before_zap(mm, folio),
+                        Err(err) => Err(FaultError::Install(err)),
+                    }
+                } else {
+                    let r = install_slot(mm, table, target, folio, slot);
+                    match r {
+                        Ok(Installed::Moved) => mm.staging.put_hole(slot),
+                        _ => mm.staging.put_filled(slot, huge, &mm.memcg),
+                    }
+                    r.map(|how| how.thp(huge)).map_err(FaultError::Install)
                 }
-                r.map(|how| how.thp(huge)).map_err(FaultError::Install)
             }
             Err(err) => Err(FaultError::Staging(err)),
         }
     } else {
-        install_zero(mm, table, target, folio).map(|()| false).map_err(FaultError::Install)
+        match install_zero(mm, table, target, folio, zero_page() as usize) {
+            Ok(0) => Ok(false),
+            Ok(_mapped_already) => return zero_before_zap(mm, folio),
+            Err(err) => Err(FaultError::Install(err)),
+        }
     };
     match result {
         Ok(huge) => {
@@ -413,6 +440,15 @@ fn fault_zero(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSize,
             failed(err)
         }
     }
+}
+
+/// `fault_zero` found pages of the folio mapped already: leave it Untouched, give its
+/// charge back, and wake the faulting thread (its page is mapped now, with zeros or with
+/// the data the zap is about to discard).
+fn zero_before_zap(mm: &Mm, folio: FolioSize) -> Step {
+    mm.memcg.uncharge(Component::Resident, folio.bytes() as u64);
+    mm.counters.vm.fault_before_zap.inc();
+    Step::Done(folio)
 }
 
 /// A swap-cache hit: the folio is whole in staging. A 2 MiB folio moves back from its

@@ -184,9 +184,13 @@ pub(crate) mod tests {
     /// A REMOVE of page `page` of the `resident_region`, read and marked as the gate does
     /// when the program discards it (the kernel's zap is not done: the page keeps its data).
     pub(crate) fn remove_page(mm: &Mm, page: usize) {
-        let start = REGION_START.with(|start| start.get()) + page * PAGE_SIZE;
+        remove(mm, REGION_START.with(|start| start.get()) + page * PAGE_SIZE, PAGE_SIZE);
+    }
+
+    /// A REMOVE of `[start, start + len)`, read and marked as the gate does (no zap).
+    pub(crate) fn remove(mm: &Mm, start: usize, len: usize) {
         let _gate = mm.gate.write().unwrap();
-        mark_event(mm, Msg::Remove { start, end: start + PAGE_SIZE });
+        mark_event(mm, Msg::Remove { start, end: start + len });
     }
 
     /// A walk that runs while an event is being marked must not retire it before its

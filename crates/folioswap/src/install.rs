@@ -46,10 +46,12 @@ pub(crate) enum Transfer {
     MoveOut,
 }
 
-/// Why a transfer stopped short; the bytes before `done` were transferred.
+/// Why a transfer stopped short; the bytes before `done` were transferred, `present` of
+/// their pages by stepping over a page a COPY found mapped already.
 #[derive(Debug)]
 pub(crate) struct Halt {
     pub done: usize,
+    pub present: usize,
     pub why: HaltReason,
 }
 
@@ -67,7 +69,8 @@ pub(crate) enum HaltReason {
 
 /// Move or copy `[src + done, src + len)` to `[dst + done, dst + len)`, advancing `done`,
 /// by the rules in the module comment. `on_busy(done, times, errno)` is asked at each busy
-/// answer (`times`: how often in a row at this page before) whether to retry.
+/// answer (`times`: how often in a row at this page before) whether to retry. Done, it
+/// says how many pages a COPY stepped over because they were mapped already.
 pub(crate) fn transfer(
     mm: &Mm,
     how: Transfer,
@@ -76,8 +79,9 @@ pub(crate) fn transfer(
     len: usize,
     done: &mut usize,
     on_busy: &mut dyn FnMut(usize, u32, i32) -> bool,
-) -> Result<(), Halt> {
+) -> Result<usize, Halt> {
     let (mut busy_at, mut busy_times) = (usize::MAX, 0u32);
+    let mut present = 0;
     while *done < len {
         let (d, s, n) = (dst + *done, src + *done, len - *done);
         let result = match how {
@@ -87,13 +91,16 @@ pub(crate) fn transfer(
         };
         let Err(err) = result else {
             *done = len;
-            return Ok(());
+            return Ok(present);
         };
         *done += err.done;
-        let halt = |why| Err(Halt { done: *done, why });
+        let halt = |why| Err(Halt { done: *done, present, why });
         let errno = err.errno;
         match (errno, how) {
-            (libc::EEXIST, Transfer::CopyIn { .. }) => *done += PAGE_SIZE,
+            (libc::EEXIST, Transfer::CopyIn { .. }) => {
+                *done += PAGE_SIZE;
+                present += 1;
+            }
             (libc::EEXIST, _) if mm.staging.moved_anyway(dst + *done, src + *done) => *done += PAGE_SIZE,
             (libc::EAGAIN, _) => return halt(HaltReason::EventQueued),
             (libc::EBUSY, _) => {
@@ -109,7 +116,7 @@ pub(crate) fn transfer(
         }
     }
     *done = len.min(*done);
-    Ok(())
+    Ok(present)
 }
 
 /// Retry busy pages for as long as they stay busy: installs wait for the kernel.
@@ -211,20 +218,22 @@ fn collapse(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize) -> bool 
 
 /// Move the folio's pages from `slot` into the region.
 fn install_move(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, slot: Slot) -> Result<(), InstallError> {
-    install(mm, table, head, folio, Transfer::MoveIn { wake: false }, mm.staging.addr(slot))
+    install(mm, table, head, folio, Transfer::MoveIn { wake: false }, mm.staging.addr(slot)).map(drop)
 }
 
 /// Copy `folio.bytes()` from `src` into the folio's place.
 pub(crate) fn install_copy(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, src: usize) -> Result<(), InstallError> {
-    install(mm, table, head, folio, Transfer::CopyIn { wake: false }, src)
+    install(mm, table, head, folio, Transfer::CopyIn { wake: false }, src).map(drop)
 }
 
-/// Copy zeros into a folio's place (folios below 2 MiB): one UFFDIO_COPY.
-pub(crate) fn install_zero(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize) -> Result<(), InstallError> {
-    install_copy(mm, table, head, folio, ZERO.as_ptr() as usize)
+/// Copy zeros into a folio's place from `zeros` ([`zero_page`] below 2 MiB, a zeroed
+/// staging slot for a 2 MiB folio, which then arrives as 4 KiB pages): one UFFDIO_COPY.
+/// Says how many of its pages were mapped already, which the copy left as they were.
+pub(crate) fn install_zero(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, zeros: usize) -> Result<usize, InstallError> {
+    install(mm, table, head, folio, Transfer::CopyIn { wake: false }, zeros)
 }
 
-/// The address of zeros to copy a 4 KiB page from.
+/// The address of zeros to copy a folio below 2 MiB from.
 pub(crate) fn zero_page() -> *const u8 {
     ZERO.as_ptr()
 }
@@ -233,11 +242,12 @@ pub(crate) fn zero_page() -> *const u8 {
 /// transfer, pumping events whenever the kernel asks. A copy checks for events before
 /// every try (the source keeps its data, so it can stop anywhere); a move only before
 /// anything moved (once part of a folio is in, the rest must follow; an event marked
-/// meanwhile is applied after, by whoever locks the folio next).
-fn install(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, how: Transfer, src: usize) -> Result<(), InstallError> {
+/// meanwhile is applied after, by whoever locks the folio next). Says how many pages a copy
+/// found mapped already and stepped over.
+fn install(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, how: Transfer, src: usize) -> Result<usize, InstallError> {
     let copy = matches!(how, Transfer::CopyIn { .. });
     let (op, len) = (if copy { "UFFDIO_COPY" } else { "UFFDIO_MOVE" }, folio.bytes());
-    let mut done = 0;
+    let (mut done, mut present) = (0, 0);
     loop {
         let gate = mm.gate.read().unwrap();
         if (done == 0 || copy) && table.entry(head).load().has(PENDING) {
@@ -247,9 +257,10 @@ fn install(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, how: Tran
             return Err(InstallError::Unmapped);
         };
         let halt = match transfer(mm, how, addr, src, len, &mut done, &mut always_retry) {
-            Ok(()) => return Ok(()),
+            Ok(stepped) => return Ok(present + stepped),
             Err(halt) => halt,
         };
+        present += halt.present;
         match halt.why {
             HaltReason::EventQueued => {
                 drop(gate);

@@ -561,6 +561,11 @@ impl Staging {
         self.pagemap.all_mapped(addr, len)
     }
 
+    /// Whether any page of `[addr, addr + len)` is present.
+    pub fn any_present(&self, addr: usize, len: usize) -> bool {
+        self.pagemap.present_bytes(addr, len).is_ok_and(|n| n > 0)
+    }
+
     /// Whether every page of `[addr, addr + len)` is present.
     pub fn all_present(&self, addr: usize, len: usize) -> bool {
         self.pagemap.present_bytes(addr, len).is_ok_and(|n| n == len)

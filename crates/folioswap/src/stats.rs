@@ -302,6 +302,9 @@ counter_struct!(
         memory_high_overrun,
         /// Faults resolved by another thread first (concurrent faults on one folio).
         fault_raced,
+        /// Faults on an Untouched folio whose pages were still mapped: an applied REMOVE
+        /// released it before the kernel's zap ran (`fault.rs` `fault_zero`).
+        fault_before_zap,
         /// Times the fault threads polling the userfaultfd changed (thread mode,
         /// `pollers.rs`): to the one on the CPU of a thread faulting alone, or back to all.
         fault_poll_moves,

@@ -287,7 +287,7 @@ fn stress_with(mode: FaultMode, compressor: &str, split: bool, swap_file: bool, 
         engine.stats()
     };
     eprintln!(
-        "{mode:?}/{compressor}/split={split}/swap_file={swap_file}/{install}: {checked} cells checked; zswpout {} zswpin {} pswpout {} pswpin {} zswpwb {} fallback {} uffd_remove {} uffd_unmap {} split {} fault_raced {} same_filled {} raw {} swap_ra {} swap_ra_hit {} pgsteal_cluster {}",
+        "{mode:?}/{compressor}/split={split}/swap_file={swap_file}/{install}: {checked} cells checked; zswpout {} zswpin {} pswpout {} pswpin {} zswpwb {} fallback {} uffd_remove {} uffd_unmap {} split {} fault_raced {} fault_before_zap {} same_filled {} raw {} swap_ra {} swap_ra_hit {} pgsteal_cluster {}",
         stats.vm.zswpout,
         stats.vm.zswpin,
         stats.vm.pswpout,
@@ -298,6 +298,7 @@ fn stress_with(mode: FaultMode, compressor: &str, split: bool, swap_file: bool, 
         stats.vm.uffd_unmap,
         stats.vm.thp_split_page + stats.per_size.values().map(|s| s.split).sum::<u64>(),
         stats.vm.fault_raced,
+        stats.vm.fault_before_zap,
         stats.vm.zswap_same_filled,
         stats.vm.zswap_stored_raw,
         stats.vm.swap_ra,
