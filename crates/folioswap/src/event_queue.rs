@@ -10,13 +10,14 @@
 //! REMOVE would zero data the program wrote after the first time, once the folio had
 //! been swapped back in, written and swapped out again before the walker was done.
 //!
-//! Both mutexes are leaves: nothing else is taken while one is held.
+//! Every mutex here is a leaf: nothing else is taken while one is held.
 
 use crate::size::FolioSize;
 use crate::table::FolioTable;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum EventKind {
@@ -37,11 +38,39 @@ pub(crate) struct PendingEvent {
     /// One bit per page of the range: the event was applied there (module comment).
     /// Changed only under `EventQueue::pending`'s lock.
     applied: Vec<AtomicU64>,
+    /// Not to be walked again before this (a folio's data could not be loaded to split
+    /// it: `defer`); the walk's own lock, a leaf.
+    not_before: Mutex<Option<Instant>>,
+    /// A load failure on this event was reported on stderr: not again.
+    reported: AtomicBool,
 }
 
 impl PendingEvent {
     pub fn new(table: Arc<FolioTable>, page: usize, pages: usize, kind: EventKind) -> PendingEvent {
-        PendingEvent { table, page, pages, kind, applied: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect() }
+        PendingEvent {
+            table,
+            page,
+            pages,
+            kind,
+            applied: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            not_before: Mutex::new(None),
+            reported: AtomicBool::new(false),
+        }
+    }
+
+    /// Walk this event again no sooner than `after` from now.
+    pub fn defer(&self, after: Duration) {
+        *self.not_before.lock().unwrap() = Some(Instant::now() + after);
+    }
+
+    /// Whether the walk may take this event now.
+    pub fn due(&self) -> bool {
+        self.not_before.lock().unwrap().is_none_or(|at| Instant::now() >= at)
+    }
+
+    /// True the first time only: whether to report a failure on this event.
+    pub fn first_report(&self) -> bool {
+        !self.reported.swap(true, Ordering::Relaxed)
     }
 
     fn is_applied(&self, page: usize) -> bool {

@@ -15,7 +15,7 @@
 //! The walker retires an event once every folio of its range is applied.
 
 use crate::charge::{reserve, Oom};
-use crate::event_queue::{Action, FolioActions};
+use crate::event_queue::{Action, FolioActions, PendingEvent};
 use crate::folio::{Kind, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
 use crate::gate::pump_events;
 use crate::install::{always_retry, transfer, HaltReason, Transfer};
@@ -30,6 +30,7 @@ use crate::tier::LoadError;
 use crate::uffd::InstallMode;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Why a pending event could not be applied to a folio now.
 #[derive(Debug)]
@@ -56,31 +57,58 @@ impl fmt::Display for ApplyError {
 }
 
 /// Walk the ranges of marked events, applying them, then retire them. An event that could
-/// not be applied to some folio for now (no memory or staging to split it) is not retired
-/// but walked again at the next call, which comes with the next message or kick.
+/// not be applied to some folio for now is not retired but walked again: at the next call
+/// (which comes with the next message or kick) where the split lacked memory or staging,
+/// and after `LOAD_RETRY` where the folio's data could not be loaded (a read may fail once
+/// and not again: a remote tier that timed out). Until then the folio keeps the event
+/// pending, for whoever locks it next.
 pub(crate) fn apply_queued_events(mm: &Mm) {
     loop {
         let Some(event) = mm.events.next_to_walk() else { return };
-        let table = &event.table;
-        let folio_pages = table.folio.pages();
-        let mut head = table.head_of(event.page);
-        let mut applied = true;
-        while head < event.page + event.pages {
-            applied &= apply_folio(mm, table, head, event.page, event.pages);
-            head += folio_pages;
-        }
-        if !applied {
+        if !event.due() {
             mm.events.queue_walk(event);
             return;
         }
-        mm.events.retire(&event);
+        let table = &event.table;
+        let folio_pages = table.folio.pages();
+        let mut head = table.head_of(event.page);
+        let mut walked = Walked::Applied;
+        while head < event.page + event.pages {
+            walked = walked.max(apply_folio(mm, table, head, event.page, event.pages, &event));
+            head += folio_pages;
+        }
+        match walked {
+            Walked::Applied => mm.events.retire(&event),
+            Walked::Later => {
+                mm.events.queue_walk(event);
+                return;
+            }
+            Walked::LoadFailed => {
+                event.defer(LOAD_RETRY);
+                mm.events.queue_walk(event);
+                return;
+            }
+        }
     }
 }
 
+/// How long the walk leaves an event whose folio could not be loaded for its split.
+const LOAD_RETRY: Duration = Duration::from_millis(100);
+
+/// What walking one folio came to, the worst of a range counting for the range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Walked {
+    Applied,
+    /// No memory or staging for the split now.
+    Later,
+    /// The folio's data could not be loaded for the split.
+    LoadFailed,
+}
+
 /// Apply whatever is pending on the folio at `head` (on its pages in range, if split).
-/// False if it could not be applied for now (the folio keeps it pending); a folio whose
-/// data cannot be loaded is reported and left, as a fault on it fails the same way.
-fn apply_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, page: usize, pages: usize) -> bool {
+/// Short of `Applied`, the folio keeps the event pending. A load failure is reported once
+/// per event (retried, the same failure would fill stderr).
+fn apply_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, page: usize, pages: usize, event: &PendingEvent) -> Walked {
     let folio = table.folio;
     loop {
         let h = table.entry(head);
@@ -92,7 +120,7 @@ fn apply_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, page: usize, pages
             }
             if !s.has(PENDING) {
                 h.unlock();
-                return true;
+                return Walked::Applied;
             }
             match apply_pending_locked(mm, table, head, folio) {
                 Ok(()) => {
@@ -101,7 +129,7 @@ fn apply_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, page: usize, pages
                     if split_now {
                         continue;
                     }
-                    return true;
+                    return Walked::Applied;
                 }
                 Err(ApplyError::WaitWriteback) => {
                     h.unlock();
@@ -110,12 +138,14 @@ fn apply_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, page: usize, pages
                 }
                 Err(ApplyError::Charge(_) | ApplyError::Staging(_)) => {
                     h.unlock();
-                    return false;
+                    return Walked::Later;
                 }
-                Err(err) => {
+                Err(err @ ApplyError::Load(_)) => {
                     h.unlock();
-                    eprintln!("folioswap: applying an event to the folio at page {head}: {err}");
-                    return true;
+                    if event.first_report() {
+                        eprintln!("folioswap: applying an event to the folio at page {head}: {err} (the walk retries it every {LOAD_RETRY:?}, and a fault on the folio meanwhile tries the load itself)");
+                    }
+                    return Walked::LoadFailed;
                 }
             }
         }
@@ -141,7 +171,7 @@ fn apply_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, page: usize, pages
                 }
             }
         }
-        return true;
+        return Walked::Applied;
     }
 }
 
@@ -504,6 +534,40 @@ mod tests {
         assert_eq!(mm.memcg.get(Component::Resident), charged, "the folio was charged");
         assert_eq!(mm.counters.vm.fault_before_zap.get(), 1);
         assert!(region.as_slice().iter().all(|&b| b == 7), "a page lost its data before the zap");
+    }
+
+    /// A read that fails once while the walk splits a swapped-out folio for a partial
+    /// discard leaves the event to apply: the walk comes back to it, and a fault meanwhile
+    /// applies it itself. Before, the walk retired the event, the folio kept its flag with
+    /// no event behind it, and the discarded page read its old data (a remote tier that
+    /// times out once fails a read this way).
+    #[test]
+    fn a_read_that_fails_once_in_the_walk_keeps_the_discard() {
+        use crate::swapfile::io::{FaultInjector, SwapFile};
+        let file =
+            SwapFile::create_sparse(std::path::Path::new("/var/tmp"), 64 << 20).unwrap_or_else(|e| panic!("a swap file in /var/tmp: {e}"));
+        let io = Arc::new(FaultInjector::new(file));
+        // No pool: every folio goes to the file.
+        let config = crate::Config::default().max_pool("0").unwrap();
+        let engine = crate::Engine::with_swap_io(config, Box::new(io.clone())).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
+        let mut region = engine.map(1 << 20, crate::RegionOptions::default().folio_size("64K").unwrap()).unwrap();
+        region.as_mut_slice().fill(7);
+        let mm = engine.mm();
+        let start = region.as_ptr() as usize;
+        let (entry, head) = crate::addrmap::ADDRESS_MAP.lookup(start).expect("the region is mapped");
+        let table = entry.table;
+        let mut scratch = CodecScratch::new();
+        assert_eq!(shrink_one(mm, &mut scratch, Reclaimer::Kswapd), Reclaimed::Freed);
+        assert_eq!(table.entry(head).load().kind(), Kind::Swapped, "the first folio is on the file");
+        io.fail_reads(1, libc::EIO);
+        crate::gate::tests::remove(mm, start + PAGE_SIZE, PAGE_SIZE);
+        // The walk (here, or on a fault thread the marking woke) meets the failed read.
+        apply_queued_events(mm);
+        assert_eq!(io.injected(), 1, "the split's read did not fail");
+        for (p, page) in region.as_slice().chunks(PAGE_SIZE).enumerate() {
+            let fill = if p == 1 { 0 } else { 7 };
+            assert!(page.iter().all(|&b| b == fill), "page {p} reads {} where {fill} was expected", page[0]);
+        }
     }
 
     /// Splitting a swapped-out folio whose page is mapped already (a copy in that an event

@@ -30,32 +30,6 @@ fn engine_with(io: Box<dyn SwapIo>, config: Config) -> Engine {
     Engine::with_swap_io(config, io).unwrap_or_else(|e| panic!("cannot start the engine: {e}"))
 }
 
-/// An I/O layer shared between the engine and the test, so the test can arm faults.
-struct Shared<I>(Arc<I>);
-impl<I: SwapIo> SwapIo for Shared<I> {
-    fn write_at(&self, slot: u64, data: &[u8]) -> io::Result<()> {
-        self.0.write_at(slot, data)
-    }
-    fn write_batch(&self, ios: &[(u64, &[u8])]) -> io::Result<()> {
-        self.0.write_batch(ios)
-    }
-    fn read_at(&self, slot: u64, dst: &mut [u8]) -> io::Result<()> {
-        self.0.read_at(slot, dst)
-    }
-    fn read_batch(&self, ios: &mut [(u64, &mut [u8])]) -> io::Result<()> {
-        self.0.read_batch(ios)
-    }
-    fn slots(&self) -> u64 {
-        self.0.slots()
-    }
-    fn is_direct(&self) -> bool {
-        self.0.is_direct()
-    }
-    fn stats(&self) -> folioswap::SwapIoStats {
-        self.0.stats()
-    }
-}
-
 #[test]
 fn whole_folios_go_to_the_file_and_come_back() {
     for folio in ["2M", "64K", "4K"] {
@@ -85,7 +59,7 @@ fn write_errors_keep_the_folio_and_mark_slots_bad() {
     for errno in [libc::EIO, libc::ENOSPC] {
         let io = Arc::new(FaultInjector::new(swap_file(256 << 20)));
         io.fail_writes(3, errno);
-        let e = engine_with(Box::new(Shared(io.clone())), config());
+        let e = engine_with(Box::new(io.clone()), config());
         let mut a = e.map(64 * MIB, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
         fill(&mut a, 7);
         check(&a, 7);
@@ -218,7 +192,7 @@ fn read_error_sends_sigbus_with_the_address() {
 fn child_read_error() {
     assert!(std::env::var("FOLIOSWAP_TEST_CHILD").is_ok(), "run through read_error_sends_sigbus_with_the_address");
     let io = Arc::new(FaultInjector::new(swap_file(256 << 20)));
-    let e = engine_with(Box::new(Shared(io.clone())), config());
+    let e = engine_with(Box::new(io.clone()), config());
     let mut a = e.map(64 * MIB, RegionOptions::default().folio_size("2M").unwrap()).unwrap();
     fill(&mut a, 1);
     assert!(e.stats().vm.pswpout > 0);
@@ -262,7 +236,7 @@ fn checksum_mismatch_sends_sigbus() {
 fn child_checksum_mismatch() {
     assert!(std::env::var("FOLIOSWAP_TEST_CHILD").is_ok(), "run through checksum_mismatch_sends_sigbus");
     let io = Arc::new(Corrupting { inner: swap_file(256 << 20), armed: AtomicBool::new(false) });
-    let e = engine_with(Box::new(Shared(io.clone())), config());
+    let e = engine_with(Box::new(io.clone()), config());
     let mut a = e.map(64 * MIB, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
     fill(&mut a, 1);
     assert!(e.stats().vm.pswpout > 0);
@@ -351,7 +325,7 @@ fn a_swapin_from_the_file_reads_its_window_in_the_same_read() {
     // with the fault's; the next page is then a readahead hit that reads nothing.
     let recorder = Arc::new(Recorder::new(swap_file(256 << 20)));
     let config = Config::default().memory_high("16M").unwrap().max_pool("0").unwrap();
-    let e = engine_with(Box::new(Shared(recorder.clone())), config);
+    let e = engine_with(Box::new(recorder.clone()), config);
     let options = || RegionOptions::default().folio_size("4K").unwrap();
     let mut a = e.map(48 * MIB, options()).unwrap();
     fill(&mut a, 1);
@@ -397,7 +371,7 @@ fn pool_writeback_gives_a_regions_pages_consecutive_slots() {
     // read them back with one I/O.
     let recorder = Arc::new(Recorder::new(swap_file(256 << 20)));
     let config = Config::default().memory_high("16M").unwrap().charge_pool(true);
-    let e = engine_with(Box::new(Shared(recorder.clone())), config);
+    let e = engine_with(Box::new(recorder.clone()), config);
     let options = || RegionOptions::default().folio_size("4K").unwrap();
     let (mut a, mut b) = (e.map(48 * MIB, options()).unwrap(), e.map(48 * MIB, options()).unwrap());
     for round in [1u64, 2] {

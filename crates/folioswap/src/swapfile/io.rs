@@ -223,6 +223,53 @@ pub trait SwapIo: Send + Sync {
     fn close(&self) {}
 }
 
+/// A backend shared with whoever else holds it (a test that arms a [`FaultInjector`]
+/// while the engine uses it): every call goes to the one inside.
+impl<I: SwapIo + ?Sized> SwapIo for std::sync::Arc<I> {
+    fn write_at(&self, slot: u64, data: &[u8]) -> io::Result<()> {
+        (**self).write_at(slot, data)
+    }
+    fn write_batch(&self, ios: &[(u64, &[u8])]) -> io::Result<()> {
+        (**self).write_batch(ios)
+    }
+    fn read_at(&self, slot: u64, dst: &mut [u8]) -> io::Result<()> {
+        (**self).read_at(slot, dst)
+    }
+    fn read_batch(&self, ios: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        (**self).read_batch(ios)
+    }
+    fn slots(&self) -> u64 {
+        (**self).slots()
+    }
+    fn is_direct(&self) -> bool {
+        (**self).is_direct()
+    }
+    fn stats(&self) -> SwapIoStats {
+        (**self).stats()
+    }
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        (**self).raw_fd()
+    }
+    fn location(&self) -> Option<&Path> {
+        (**self).location()
+    }
+    fn disk_bytes(&self) -> Option<u64> {
+        (**self).disk_bytes()
+    }
+    fn discard(&self, slot: u64, pages: u64) {
+        (**self).discard(slot, pages)
+    }
+    fn is_remote(&self) -> bool {
+        (**self).is_remote()
+    }
+    fn down(&self) -> Option<String> {
+        (**self).down()
+    }
+    fn close(&self) {
+        (**self).close()
+    }
+}
+
 /// The CRC-32C (Castagnoli) of a folio, as stored beside its slot and checked on swap-in.
 pub fn folio_checksum(data: &[u8]) -> u32 {
     crc32c::crc32c(data)
