@@ -423,6 +423,25 @@ impl Engine {
         stats(&self.mm)
     }
 
+    /// What the trace ring (feature `trace`, `trace.rs`) holds for the managed page at
+    /// `addr`, oldest first: changes to its entry and to its folio's head entry, and the
+    /// events read over it. Empty for an address no region holds. Any engine answers for
+    /// every engine's pages (the ring and the address map are process-wide).
+    #[cfg(feature = "trace")]
+    pub fn trace_history(addr: usize) -> Vec<String> {
+        let Some((entry, page)) = crate::addrmap::ADDRESS_MAP.lookup(addr) else {
+            return Vec::new();
+        };
+        let table = &entry.table;
+        let key = |p: usize| table.entry(p) as *const crate::folio::PageEntry as usize;
+        let head = table.head_of(page);
+        let mut entries = vec![("page", key(page))];
+        if head != page {
+            entries.push(("head", key(head)));
+        }
+        crate::trace::lines(&entries, addr & !(crate::size::PAGE_SIZE - 1), |word| crate::folio::State(word as u32).to_string())
+    }
+
     /// Every fault's service time so far, as a histogram that snapshots can be subtracted
     /// from and merged with (`folioswap stat`'s interval percentiles).
     pub fn fault_latency_histogram(&self) -> LatencyHistogram {

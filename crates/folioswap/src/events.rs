@@ -570,6 +570,27 @@ mod tests {
         }
     }
 
+    /// With the `trace` feature a page's history names the eviction, the event read over
+    /// it and the split that applied it, each with the line that made it.
+    #[cfg(feature = "trace")]
+    #[test]
+    fn a_pages_trace_shows_its_eviction_the_event_and_the_split() {
+        let (engine, region, table, head) = resident_region();
+        let mm = engine.mm();
+        let mut scratch = CodecScratch::new();
+        assert_eq!(shrink_one(mm, &mut scratch, Reclaimer::Kswapd), Reclaimed::Freed);
+        let h = table.entry(head);
+        h.lock();
+        remove_page(mm, 1);
+        let applied = apply_pending_locked(mm, &table, head, FolioSize::K64);
+        h.unlock();
+        applied.unwrap_or_else(|e| panic!("applying the event: {e}"));
+        let history = crate::Engine::trace_history(region.as_ptr() as usize + PAGE_SIZE).join("\n");
+        for wanted in ["head: Resident", "-> Pool", "REMOVE", "|PENDING", "page: ", "events.rs:"] {
+            assert!(history.contains(wanted), "no {wanted:?} in the history:\n{history}");
+        }
+    }
+
     /// Splitting a swapped-out folio whose page is mapped already (a copy in that an event
     /// stopped part way put it there, and the program wrote it since) keeps that page as
     /// it is and moves the rest of the folio back. Before, the rest of the run after it

@@ -102,6 +102,28 @@ const CONCURRENT_FLAGS: u32 = WAITERS | PENDING | WANTED;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct State(pub u32);
 
+/// "Pool|SPLIT|PENDING gen 7": the kind, the flags set, the generation.
+impl std::fmt::Display for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.kind())?;
+        for (flag, name) in [
+            (LOCKED, "LOCKED"),
+            (WAITERS, "WAITERS"),
+            (SPLIT, "SPLIT"),
+            (PENDING, "PENDING"),
+            (WRITEBACK, "WRITEBACK"),
+            (WANTED, "WANTED"),
+            (HUGE, "HUGE"),
+            (CACHED, "CACHED"),
+        ] {
+            if self.has(flag) {
+                write!(f, "|{name}")?;
+            }
+        }
+        write!(f, " gen {}", self.gen())
+    }
+}
+
 impl State {
     pub fn kind(self) -> Kind {
         match self.0 & KIND_MASK {
@@ -182,26 +204,52 @@ impl PageEntry {
 
     /// Replace the state while holding the lock, keeping the lock and the flags others may
     /// set concurrently. Returns the new state.
+    #[cfg_attr(feature = "trace", track_caller)]
     pub fn set_locked(&self, new: State) -> State {
         let mut cur = self.state.load(Ordering::Relaxed);
         loop {
             debug_assert!(cur & LOCKED != 0, "set_locked without the lock");
             let next = (new.0 & !CONCURRENT_FLAGS) | (cur & CONCURRENT_FLAGS) | LOCKED;
             match self.state.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return State(next),
+                Ok(_) => {
+                    self.traced(cur, next);
+                    return State(next);
+                }
                 Err(actual) => cur = actual,
             }
         }
     }
 
     /// Clear `flags` (which may include concurrent ones like PENDING or WANTED) under lock.
+    #[cfg_attr(feature = "trace", track_caller)]
     pub fn clear_locked(&self, flags: u32) -> State {
-        State(self.state.fetch_and(!flags, Ordering::AcqRel) & !flags)
+        let old = self.state.fetch_and(!flags, Ordering::AcqRel);
+        self.traced(old, old & !flags);
+        State(old & !flags)
     }
 
     /// Set a flag without the lock (PENDING by the event gate, WANTED by a waiting fault).
+    #[cfg_attr(feature = "trace", track_caller)]
     pub fn set_flag(&self, flag: u32) -> State {
-        State(self.state.fetch_or(flag, Ordering::AcqRel) | flag)
+        let old = self.state.fetch_or(flag, Ordering::AcqRel);
+        self.traced(old, old | flag);
+        State(old | flag)
+    }
+
+    /// Record a change of the state word in the trace ring (`trace.rs`; nothing without
+    /// the `trace` feature).
+    #[cfg_attr(feature = "trace", track_caller)]
+    #[inline(always)]
+    fn traced(&self, _old: u32, _new: u32) {
+        #[cfg(feature = "trace")]
+        crate::trace::record(
+            crate::trace::What::State,
+            self as *const Self as usize,
+            0,
+            _old as u64,
+            _new as u64,
+            std::panic::Location::caller(),
+        );
     }
 
     /// Release the lock and wake everyone sleeping on this word.
@@ -237,7 +285,10 @@ impl PageEntry {
     pub fn set_evicted_at(&self, clock: u32) {
         self.evicted_at.store(clock, Ordering::Relaxed)
     }
+    #[cfg_attr(feature = "trace", track_caller)]
     pub fn set_handle(&self, h: u64) {
+        #[cfg(feature = "trace")]
+        crate::trace::record(crate::trace::What::Handle, self as *const Self as usize, 0, self.handle(), h, std::panic::Location::caller());
         self.handle.store(h, Ordering::Release)
     }
     /// A Resident folio: the eviction clock (in pages) when it was installed.

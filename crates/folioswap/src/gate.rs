@@ -91,7 +91,19 @@ pub(crate) fn read_for_own_zaps(mm: Arc<Mm>) {
 }
 
 /// Record an event just read. Called with the gate held exclusively.
+#[cfg_attr(feature = "trace", track_caller)]
 fn mark_event(mm: &Mm, msg: Msg) {
+    #[cfg(feature = "trace")]
+    {
+        use crate::trace::{record, What};
+        let at = std::panic::Location::caller();
+        match msg {
+            Msg::Remove { start, end } => record(What::Remove, start, end, 0, 0, at),
+            Msg::Unmap { start, end } => record(What::Unmap, start, end, 0, 0, at),
+            Msg::Remap { from, to, len } => record(What::Remap, from, from + len, 0, to as u64, at),
+            Msg::PageFault { .. } | Msg::Other(_) => {}
+        }
+    }
     match msg {
         Msg::Remove { start, end } => {
             if mm.own_zaps.claim(start, end) {

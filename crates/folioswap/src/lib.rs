@@ -19,7 +19,8 @@
 //!
 //! - primitives: `sys` (raw mappings), `eventfd` (the threads' wakes), `size`, `uffd`
 //!   (the raw ioctls), `smaps`, `config`, `error`, `stats` (counters under the kernel's
-//!   names), `stages` (the sampled stage times of swap-ins and evictions);
+//!   names), `stages` (the sampled stage times of swap-ins and evictions), `trace` (a
+//!   ring of state changes, feature `trace` only);
 //! - state, no behaviour beyond its own invariants: `folio` (the state machine),
 //!   `ra_window`, `table` (a region's folio table), `memcg` (charges and watermarks),
 //!   `staging`, `lru`, `reclaim_ctl`, `pollers` (which fault threads poll the
@@ -45,6 +46,8 @@ mod smaps;
 mod stages;
 mod stats;
 mod sys;
+#[cfg(feature = "trace")]
+mod trace;
 mod uffd;
 
 mod event_queue;

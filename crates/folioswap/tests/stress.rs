@@ -103,7 +103,15 @@ fn check_cell(t: &Tracked, r: usize, cell: usize) -> Result<(), String> {
         let found = w.load(Ordering::Relaxed);
         let expected = word(r, cell, k, v);
         if found != expected {
-            return Err(format!("region {r} ({}), cell {cell} word {k} version {v}: expected {expected:#x}, found {found:#x}", t.folio));
+            #[allow(unused_mut)]
+            let mut why = format!("region {r} ({}), cell {cell} word {k} version {v}: expected {expected:#x}, found {found:#x}", t.folio);
+            // Built with `--features trace`: what the engine did to that page, oldest first.
+            #[cfg(feature = "trace")]
+            for line in folioswap::Engine::trace_history(w as *const _ as usize) {
+                why.push_str("\n    ");
+                why.push_str(&line);
+            }
+            return Err(why);
         }
     }
     Ok(())
