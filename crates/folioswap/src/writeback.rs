@@ -134,12 +134,23 @@ fn take_oldest(mm: &Mm, max: usize) -> Vec<Taken> {
             break;
         }
         let e = v.table.entry(v.page);
-        // A locked entry is being loaded (it leaves the pool anyway) or changed by an
-        // event: skip it.
-        let Some(s) = e.try_lock() else { continue };
+        // A locked entry may be leaving the pool (a load), or staying in it (an eviction
+        // looking at its neighbours, readahead taking a copy, an event that keeps it):
+        // look at it again later, when `current` tells. Dropped here, an entry that stays
+        // would never be written back, and a charged pool would keep it within the limit
+        // for good.
+        let Some(s) = e.try_lock() else {
+            lru.push_back(v);
+            continue;
+        };
         let current = s.kind() == Kind::Pool && s.gen() == v.gen && (v.order == 0 || !s.has(SPLIT));
-        if !current || s.has(PENDING) {
+        if !current {
             e.unlock();
+            continue;
+        }
+        if s.has(PENDING) {
+            e.unlock();
+            lru.push_back(v);
             continue;
         }
         if s.has(CACHED) {
@@ -215,4 +226,37 @@ fn write_taken(mm: &Mm, taken: &[Taken], buf: &mut [u8]) -> Vec<Result<Vec<Place
     }
     mm.tiers.write_batch(&batch, &spans, &mut results, &mm.counters);
     results
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evict::{shrink_one, Reclaimer};
+    use crate::mm::Reclaimed;
+    use crate::swapfile::io::SwapFile;
+    use crate::{Config, Engine, RegionOptions};
+
+    /// A pool entry that a pass finds locked (an eviction looking at its neighbours,
+    /// readahead taking a copy) stays on the pool's LRU and is written back by a later
+    /// pass. Before, the pass dropped it from the LRU, and no pass ever wrote it back.
+    #[test]
+    fn an_entry_found_locked_is_written_back_later() {
+        let file =
+            SwapFile::create_sparse(std::path::Path::new("/var/tmp"), 16 << 20).unwrap_or_else(|e| panic!("a swap file in /var/tmp: {e}"));
+        let engine = Engine::with_swap_io(Config::default(), Box::new(file)).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
+        let mut region = engine.map(1 << 20, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
+        region.as_mut_slice().fill(7);
+        let mm = engine.mm();
+        let (entry, head) = crate::addrmap::ADDRESS_MAP.lookup(region.as_ptr() as usize).expect("the region is mapped");
+        let mut scratch = CodecScratch::new();
+        assert_eq!(shrink_one(mm, &mut scratch, Reclaimer::Kswapd), Reclaimed::Freed);
+        let e = entry.table.entry(head);
+        assert_eq!(e.load().kind(), Kind::Pool, "the first folio is in the pool");
+        e.lock();
+        assert_eq!(writeback_batch(mm, &mut scratch, 64), 0, "a locked entry was written back");
+        e.unlock();
+        assert_eq!(writeback_batch(mm, &mut scratch, 64), 1, "the entry was not written back once unlocked");
+        assert_eq!(e.load().kind(), Kind::Swapped);
+        assert!(region.as_slice().iter().all(|&b| b == 7), "the data came back wrong");
+    }
 }
