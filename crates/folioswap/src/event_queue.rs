@@ -137,6 +137,14 @@ impl EventQueue {
         self.to_walk.lock().unwrap().pop_front()
     }
 
+    /// Whether some thread is walking an event now: one is recorded and none is queued
+    /// (tests wait for a walk on another thread to finish).
+    #[cfg(test)]
+    pub fn being_walked(&self) -> bool {
+        let recorded = !self.pending.lock().unwrap().is_empty();
+        recorded && self.to_walk.lock().unwrap().is_empty()
+    }
+
     /// The event was applied to every folio of its range: forget it.
     pub fn retire(&self, event: &Arc<PendingEvent>) {
         self.pending.lock().unwrap().retain(|e| !Arc::ptr_eq(e, event));

@@ -443,6 +443,18 @@ mod tests {
         pub(super) static BEFORE_SPLIT_GATE: Cell<Option<fn(&Mm)>> = const { Cell::new(None) };
     }
 
+    /// Discard page `page` of the `resident_region` and apply the event to the folio at
+    /// `head` on this thread: it holds the folio's lock while the event is marked, so the
+    /// engine's walk waits for it.
+    fn discard_and_apply(mm: &Mm, table: &Arc<FolioTable>, head: usize, page: usize) {
+        let h = table.entry(head);
+        h.lock();
+        remove_page(mm, page);
+        let applied = apply_pending_locked(mm, table, head, FolioSize::K64);
+        h.unlock();
+        applied.unwrap_or_else(|e| panic!("applying the event: {e}"));
+    }
+
     /// An event marked while a folio is being split, after its actions were taken, is
     /// applied to the page it covers alone. Before, the folio was applied again at its own
     /// size and split a second time, which made a page the first split had discarded
@@ -486,12 +498,7 @@ mod tests {
     fn a_fault_before_the_zap_leaves_a_discarded_page_untouched() {
         let (engine, region, table, head) = resident_region();
         let mm = engine.mm();
-        let h = table.entry(head);
-        h.lock();
-        remove_page(mm, 1);
-        let applied = apply_pending_locked(mm, &table, head, FolioSize::K64);
-        h.unlock();
-        applied.unwrap_or_else(|e| panic!("applying the event: {e}"));
+        discard_and_apply(mm, &table, head, 1);
         assert_eq!(table.entry(head + 1).load().kind(), Kind::Untouched);
         let charged = mm.memcg.get(Component::Resident);
         let page1 = region.as_ptr() as usize + PAGE_SIZE;
@@ -561,9 +568,20 @@ mod tests {
         assert_eq!(table.entry(head).load().kind(), Kind::Swapped, "the first folio is on the file");
         io.fail_reads(1, libc::EIO);
         crate::gate::tests::remove(mm, start + PAGE_SIZE, PAGE_SIZE);
-        // The walk (here, or on a fault thread the marking woke) meets the failed read.
+        // The walk (here, or on a fault thread the marking woke) meets the failed read; wait
+        // until whichever thread walked is done with the event.
         apply_queued_events(mm);
-        assert_eq!(io.injected(), 1, "the split's read did not fail");
+        let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+            for _ in 0..10_000 {
+                if done() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            panic!("{what}: not within 10 s");
+        };
+        wait_for("the split's read failing", &|| io.injected() == 1);
+        wait_for("the walk ending", &|| !mm.events.being_walked());
         for (p, page) in region.as_slice().chunks(PAGE_SIZE).enumerate() {
             let fill = if p == 1 { 0 } else { 7 };
             assert!(page.iter().all(|&b| b == fill), "page {p} reads {} where {fill} was expected", page[0]);
@@ -579,12 +597,7 @@ mod tests {
         let mm = engine.mm();
         let mut scratch = CodecScratch::new();
         assert_eq!(shrink_one(mm, &mut scratch, Reclaimer::Kswapd), Reclaimed::Freed);
-        let h = table.entry(head);
-        h.lock();
-        remove_page(mm, 1);
-        let applied = apply_pending_locked(mm, &table, head, FolioSize::K64);
-        h.unlock();
-        applied.unwrap_or_else(|e| panic!("applying the event: {e}"));
+        discard_and_apply(mm, &table, head, 1);
         let history = crate::Engine::trace_history(region.as_ptr() as usize + PAGE_SIZE).join("\n");
         for wanted in ["head: Resident", "-> Pool", "REMOVE", "|PENDING", "page: ", "events.rs:"] {
             assert!(history.contains(wanted), "no {wanted:?} in the history:\n{history}");
@@ -606,12 +619,7 @@ mod tests {
         let written = [9u8; PAGE_SIZE];
         let page2 = region.as_ptr() as usize + 2 * PAGE_SIZE;
         mm.uffd.copy(page2, written.as_ptr(), PAGE_SIZE, true).unwrap_or_else(|e| panic!("copying page 2 in: {e}"));
-        let h = table.entry(head);
-        h.lock();
-        remove_page(mm, 1);
-        let applied = apply_pending_locked(mm, &table, head, FolioSize::K64);
-        h.unlock();
-        applied.unwrap_or_else(|e| panic!("applying the event: {e}"));
+        discard_and_apply(mm, &table, head, 1);
         // Every page of the region, the folios evicted with the first one included.
         let fill = |p: usize| match p {
             1 => 0,
