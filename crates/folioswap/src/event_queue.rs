@@ -15,7 +15,7 @@
 use crate::size::FolioSize;
 use crate::table::FolioTable;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,8 +41,8 @@ pub(crate) struct PendingEvent {
     /// Not to be walked again before this (a folio's data could not be loaded to split
     /// it: `defer`); the walk's own lock, a leaf.
     not_before: Mutex<Option<Instant>>,
-    /// A load failure on this event was reported on stderr: not again.
-    reported: AtomicBool,
+    /// Times a folio of this event could not be loaded for its split.
+    load_failures: AtomicU32,
 }
 
 impl PendingEvent {
@@ -54,7 +54,7 @@ impl PendingEvent {
             kind,
             applied: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             not_before: Mutex::new(None),
-            reported: AtomicBool::new(false),
+            load_failures: AtomicU32::new(0),
         }
     }
 
@@ -68,9 +68,13 @@ impl PendingEvent {
         self.not_before.lock().unwrap().is_none_or(|at| Instant::now() >= at)
     }
 
-    /// True the first time only: whether to report a failure on this event.
-    pub fn first_report(&self) -> bool {
-        !self.reported.swap(true, Ordering::Relaxed)
+    /// A folio of this event could not be loaded for its split: how many times so far.
+    pub fn note_load_failure(&self) -> u32 {
+        self.load_failures.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub fn load_failures(&self) -> u32 {
+        self.load_failures.load(Ordering::Relaxed)
     }
 
     fn is_applied(&self, page: usize) -> bool {

@@ -59,7 +59,7 @@ impl fmt::Display for ApplyError {
 /// Walk the ranges of marked events, applying them, then retire them. An event that could
 /// not be applied to some folio for now is not retired but walked again: at the next call
 /// (which comes with the next message or kick) where the split lacked memory or staging,
-/// and after `LOAD_RETRY` where the folio's data could not be loaded (a read may fail once
+/// and after `load_retry` where the folio's data could not be loaded (a read may fail once
 /// and not again: a remote tier that timed out). Until then the folio keeps the event
 /// pending, for whoever locks it next.
 pub(crate) fn apply_queued_events(mm: &Mm) {
@@ -84,7 +84,7 @@ pub(crate) fn apply_queued_events(mm: &Mm) {
                 return;
             }
             Walked::LoadFailed => {
-                event.defer(LOAD_RETRY);
+                event.defer(load_retry(event.load_failures()));
                 mm.events.queue_walk(event);
                 return;
             }
@@ -92,8 +92,15 @@ pub(crate) fn apply_queued_events(mm: &Mm) {
     }
 }
 
-/// How long the walk leaves an event whose folio could not be loaded for its split.
-const LOAD_RETRY: Duration = Duration::from_millis(100);
+/// How long the walk leaves an event whose folio could not be loaded for its split, after
+/// `failures` tries: 100 ms, doubling up to 10 s, so that a lasting failure (a remote tier
+/// down, where each try waits for its timeout, 5 s by default) holds up the fault thread
+/// that walks less and less often.
+fn load_retry(failures: u32) -> Duration {
+    const FIRST: Duration = Duration::from_millis(100);
+    const MOST: Duration = Duration::from_secs(10);
+    FIRST.saturating_mul(1 << failures.saturating_sub(1).min(16)).min(MOST)
+}
 
 /// What walking one folio came to, the worst of a range counting for the range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -107,7 +114,7 @@ enum Walked {
 
 /// Apply whatever is pending on the folio at `head` (on its pages in range, if split).
 /// Short of `Applied`, the folio keeps the event pending. A load failure is reported once
-/// per event (retried, the same failure would fill stderr).
+/// per event (retried, a lasting failure would fill stderr).
 fn apply_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, page: usize, pages: usize, event: &PendingEvent) -> Walked {
     let folio = table.folio;
     loop {
@@ -142,8 +149,8 @@ fn apply_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, page: usize, pages
                 }
                 Err(err @ ApplyError::Load(_)) => {
                     h.unlock();
-                    if event.first_report() {
-                        eprintln!("folioswap: applying an event to the folio at page {head}: {err} (the walk retries it every {LOAD_RETRY:?}, and a fault on the folio meanwhile tries the load itself)");
+                    if event.note_load_failure() == 1 {
+                        eprintln!("folioswap: applying an event to the folio at page {head}: {err} (the walk tries again after {:?}, then less and less often; a fault on the folio meanwhile tries the load itself)", load_retry(1));
                     }
                     return Walked::LoadFailed;
                 }
@@ -441,6 +448,13 @@ mod tests {
         /// Run by `split_folio` of a folio with nothing staged, after its actions were
         /// taken and before it takes the gate, where another event may be marked.
         pub(super) static BEFORE_SPLIT_GATE: Cell<Option<fn(&Mm)>> = const { Cell::new(None) };
+    }
+
+    #[test]
+    fn a_failed_load_is_retried_less_and_less_often() {
+        let delays: Vec<u64> = (1..=9).map(|n| load_retry(n).as_millis() as u64).collect();
+        assert_eq!(delays, [100, 200, 400, 800, 1600, 3200, 6400, 10_000, 10_000]);
+        assert_eq!(load_retry(u32::MAX), Duration::from_secs(10));
     }
 
     /// Discard page `page` of the `resident_region` and apply the event to the folio at
