@@ -439,7 +439,7 @@ pub(crate) fn apply_pending_after_publish(mm: &Mm, table: &Arc<FolioTable>, head
 mod tests {
     use super::*;
     use crate::evict::{shrink_one, Reclaimer};
-    use crate::gate::tests::{remove_page, resident_region};
+    use crate::gate::tests::{filled_region, remove_page, resident_region};
     use crate::mm::Reclaimed;
     use crate::zswap::CodecScratch;
     use std::cell::Cell;
@@ -532,12 +532,9 @@ mod tests {
     #[test]
     fn a_fault_before_the_zap_of_a_2m_folio_is_served_and_left_untouched() {
         let engine = crate::Engine::new(crate::Config::default().no_swap_file()).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
-        let mut region = engine.map(2 << 20, crate::RegionOptions::default().folio_size("2M").unwrap()).unwrap();
-        region.as_mut_slice().fill(7);
+        let (region, table, head) = filled_region(&engine, 2 << 20, "2M");
         let mm = engine.mm();
         let start = region.as_ptr() as usize;
-        let (entry, head) = crate::addrmap::ADDRESS_MAP.lookup(start).expect("the region is mapped");
-        let table = entry.table;
         crate::gate::tests::remove(mm, start, 2 << 20);
         let h = table.entry(head);
         if h.lock().has(PENDING) {
@@ -571,12 +568,9 @@ mod tests {
         // No pool: every folio goes to the file.
         let config = crate::Config::default().max_pool("0").unwrap();
         let engine = crate::Engine::with_swap_io(config, Box::new(io.clone())).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
-        let mut region = engine.map(1 << 20, crate::RegionOptions::default().folio_size("64K").unwrap()).unwrap();
-        region.as_mut_slice().fill(7);
+        let (region, table, head) = filled_region(&engine, 1 << 20, "64K");
         let mm = engine.mm();
         let start = region.as_ptr() as usize;
-        let (entry, head) = crate::addrmap::ADDRESS_MAP.lookup(start).expect("the region is mapped");
-        let table = entry.table;
         let mut scratch = CodecScratch::new();
         assert_eq!(shrink_one(mm, &mut scratch, Reclaimer::Kswapd), Reclaimed::Freed);
         assert_eq!(table.entry(head).load().kind(), Kind::Swapped, "the first folio is on the file");
@@ -615,6 +609,11 @@ mod tests {
         let history = crate::Engine::trace_history(region.as_ptr() as usize + PAGE_SIZE).join("\n");
         for wanted in ["head: Resident", "-> Pool", "REMOVE", "|PENDING", "page: ", "events.rs:"] {
             assert!(history.contains(wanted), "no {wanted:?} in the history:\n{history}");
+        }
+        // The swapped folio's data: page 1 discarded, every other page of the region kept.
+        for (p, page) in region.as_slice().chunks(PAGE_SIZE).enumerate() {
+            let fill = if p == 1 { 0 } else { 7 };
+            assert!(page.iter().all(|&b| b == fill), "page {p} reads {} where {fill} was expected", page[0]);
         }
     }
 

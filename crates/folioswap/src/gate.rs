@@ -186,11 +186,18 @@ pub(crate) mod tests {
     /// pages `remove_page` discards; its table and first folio's head.
     pub(crate) fn resident_region() -> (Engine, Region, Arc<FolioTable>, usize) {
         let engine = Engine::new(Config::default().no_swap_file()).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
-        let mut region = engine.map(1 << 20, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
-        region.as_mut_slice().fill(7);
+        let (region, table, head) = filled_region(&engine, 1 << 20, "64K");
         REGION_START.with(|start| start.set(region.as_ptr() as usize));
+        (engine, region, table, head)
+    }
+
+    /// A region of `bytes` in `folio` folios of `engine`, every byte 7: the region, its
+    /// table and its first folio's head.
+    pub(crate) fn filled_region(engine: &Engine, bytes: usize, folio: &str) -> (Region, Arc<FolioTable>, usize) {
+        let mut region = engine.map(bytes, RegionOptions::default().folio_size(folio).unwrap()).unwrap();
+        region.as_mut_slice().fill(7);
         let (entry, head) = ADDRESS_MAP.lookup(region.as_ptr() as usize).expect("the region is mapped");
-        (engine, region, entry.table, head)
+        (region, entry.table, head)
     }
 
     /// A REMOVE of page `page` of the `resident_region`, read and marked as the gate does

@@ -232,9 +232,10 @@ fn write_taken(mm: &Mm, taken: &[Taken], buf: &mut [u8]) -> Vec<Result<Vec<Place
 mod tests {
     use super::*;
     use crate::evict::{shrink_one, Reclaimer};
+    use crate::gate::tests::filled_region;
     use crate::mm::Reclaimed;
     use crate::swapfile::io::SwapFile;
-    use crate::{Config, Engine, RegionOptions};
+    use crate::{Config, Engine};
 
     /// A pool entry that a pass finds locked (an eviction looking at its neighbours,
     /// readahead taking a copy) stays on the pool's LRU and is written back by a later
@@ -244,13 +245,11 @@ mod tests {
         let file =
             SwapFile::create_sparse(std::path::Path::new("/var/tmp"), 16 << 20).unwrap_or_else(|e| panic!("a swap file in /var/tmp: {e}"));
         let engine = Engine::with_swap_io(Config::default(), Box::new(file)).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
-        let mut region = engine.map(1 << 20, RegionOptions::default().folio_size("64K").unwrap()).unwrap();
-        region.as_mut_slice().fill(7);
+        let (region, table, head) = filled_region(&engine, 1 << 20, "64K");
         let mm = engine.mm();
-        let (entry, head) = crate::addrmap::ADDRESS_MAP.lookup(region.as_ptr() as usize).expect("the region is mapped");
         let mut scratch = CodecScratch::new();
         assert_eq!(shrink_one(mm, &mut scratch, Reclaimer::Kswapd), Reclaimed::Freed);
-        let e = entry.table.entry(head);
+        let e = table.entry(head);
         assert_eq!(e.load().kind(), Kind::Pool, "the first folio is in the pool");
         e.lock();
         assert_eq!(writeback_batch(mm, &mut scratch, 64), 0, "a locked entry was written back");
