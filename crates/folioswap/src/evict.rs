@@ -874,8 +874,9 @@ mod tests {
         let young = (64u32 << 20) / PAGE_SIZE as u32 / 16;
         // The clock has moved before the pages come in: they record where it stood.
         mm.lru.tick(3 * young);
-        // Pages 0..40 resident, the rest untouched.
-        region.as_mut_slice()[..40 * PAGE_SIZE].iter_mut().step_by(PAGE_SIZE).for_each(|b| *b = 1);
+        // Pages 0..40 resident, the rest untouched: touched from the top down, since first
+        // touches upwards would have the pages above 40 zeroed ahead (`fault.rs` `zero_ahead`).
+        region.as_mut_slice()[..40 * PAGE_SIZE].iter_mut().step_by(PAGE_SIZE).rev().for_each(|b| *b = 1);
         let victim = |page: usize| {
             let s = table.entry(page).try_lock().expect("nobody holds it");
             assert_eq!(s.kind(), Kind::Resident);

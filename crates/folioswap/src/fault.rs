@@ -29,7 +29,7 @@
 //! REMOVE/UNMAP/REMAP the kernel is carrying out.
 
 use crate::addrmap::ADDRESS_MAP;
-use crate::charge::{reserve, Oom};
+use crate::charge::{reserve, try_charge, Oom};
 use crate::config::{LruPolicy, SwapinPolicy};
 use crate::events::{apply_pending_locked, ApplyError};
 use crate::folio::{Kind, State, CACHED, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
@@ -117,6 +117,11 @@ const UNSERVED_STREAK_LIMIT: u32 = 1 << 16;
 /// What one attempt at resolving a fault came to.
 enum Step {
     Done(FolioSize),
+    /// A first touch of the folio at `head` (zeros installed): the moment for zero-ahead.
+    Zeroed {
+        folio: FolioSize,
+        head: usize,
+    },
     /// A swap-in from the pool or the file (`hit`: from a readahead copy): the folio at
     /// `head` of the table, the moment for readahead. `planned`: a swap-in from the file
     /// read its window with it (`swapin_from_file`), and these are what it left to read.
@@ -243,6 +248,14 @@ fn handle_fault_timed(mm: &Arc<Mm>, addr: usize) -> FaultOutcome {
                 mm.counters.fault_latency[folio.index()].record(ns);
                 return FaultOutcome::Served;
             }
+            Step::Zeroed { folio, head } => {
+                let ns = start.elapsed().as_nanos() as u64;
+                mm.counters.fault_latency[folio.index()].record(ns);
+                if folio == entry.table.folio && !folio.is_huge() {
+                    zero_ahead(mm, &entry.table, head, folio);
+                }
+                return FaultOutcome::Served;
+            }
             Step::SwappedIn { folio, head, hit, planned } => {
                 let ns = start.elapsed().as_nanos() as u64;
                 mm.counters.fault_latency[folio.index()].record(ns);
@@ -326,7 +339,7 @@ fn resolve(mm: &Mm, table: &Arc<FolioTable>, page: usize) -> Step {
         Kind::Gone => Step::NotOurs(Unserved::Gone),
     };
     e.unlock();
-    if let Step::Done(folio) | Step::SwappedIn { folio, .. } = step {
+    if let Step::Done(folio) | Step::Zeroed { folio, .. } | Step::SwappedIn { folio, .. } = step {
         wake_folio(mm, table, target, folio);
     }
     if let Step::SwappedIn { hit: false, .. } = step {
@@ -433,7 +446,11 @@ fn fault_zero(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSize,
                     }
                 }
             }
-            Step::Done(folio)
+            if s.kind() == Kind::Untouched {
+                Step::Zeroed { folio, head: target }
+            } else {
+                Step::Done(folio)
+            }
         }
         Err(err) => {
             mm.memcg.uncharge(Component::Resident, bytes);
@@ -666,6 +683,61 @@ fn map_ahead(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize) ->
         last = next;
     }
     last
+}
+
+/// After a first touch of the folio at `head` (installed, its thread woken): if the
+/// region's first touches run in sequence (`TouchRun`), install the folios after it zeroed
+/// now, before the program asks for them: a run of `memset`s or of appends then faults
+/// once per window instead of once per folio. The kernel's own first touch costs it about
+/// a microsecond in the faulting thread; here each costs a round trip through a fault
+/// thread (BENCHMARKS.md, "Zeros ahead of first touches in sequence").
+///
+/// The window doubles from 2 folios up to `1 << page_cluster` pages (so `page_cluster`
+/// 0 turns this off with readahead, and folios above 512 KiB are never zeroed ahead). It
+/// stops at the first folio that is not Untouched, that is locked or has an event
+/// pending, that cannot be charged without reclaim (`try_charge`: zeros ahead never make
+/// room for themselves), or that the copy found mapped already (left Untouched and
+/// uncharged, as `fault_zero` leaves it). The folios it installs go on the LRU like any
+/// first touch; they count in `zero_ahead`, not as faults.
+fn zero_ahead(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize) {
+    let pages = folio.pages();
+    let index = head / pages;
+    let max = if mm.config.page_cluster == 0 { 0 } else { (1usize << mm.config.page_cluster) / pages };
+    let win = table.ra.touches.touched(index, max);
+    let mut last = index;
+    for next in (index + 1..=index + win).map(|i| i * pages).take_while(|&next| next + pages <= table.pages) {
+        if !zero_one_ahead(mm, table, next, folio) {
+            break;
+        }
+        last = next / pages;
+    }
+    if last != index {
+        table.ra.touches.ran_to(last);
+    }
+}
+
+/// Install the Untouched folio at `head` zeroed, as if a fault had asked for it; false if
+/// it is not there to take or cannot be charged.
+fn zero_one_ahead(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize) -> bool {
+    let e = table.entry(head);
+    let Some(s) = e.try_lock() else { return false };
+    let bytes = folio.bytes() as u64;
+    let takeable = s.kind() == Kind::Untouched && !s.has(PENDING) && !s.has(SPLIT);
+    let installed = takeable
+        && try_charge(mm, Component::Resident, bytes)
+        && match install_zero(mm, table, head, folio, zero_page() as usize) {
+            Ok(0) => true,
+            Ok(_) | Err(_) => {
+                mm.memcg.uncharge(Component::Resident, bytes);
+                false
+            }
+        };
+    if installed {
+        mark_resident(mm, table, head, folio, s, false, false);
+        mm.counters.vm.zero_ahead.inc();
+    }
+    e.unlock();
+    installed
 }
 
 /// Map one readahead copy as if a fault had taken it; false if it is not there to take.

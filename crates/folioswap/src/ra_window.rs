@@ -132,6 +132,41 @@ impl RaState {
     }
 }
 
+/// A region's first touches in sequence: the folio the next one is expected at, and a
+/// window of folios to install zeroed ahead of it that doubles while they keep coming
+/// there (`fault.rs` `zero_ahead`). A heuristic: two threads touching one region in
+/// different places only reset each other's window, so it is read and written without a
+/// lock.
+#[derive(Default)]
+pub(crate) struct TouchRun {
+    /// (the folio expected + 1, 0 for none) << 16 | the window.
+    word: AtomicU64,
+}
+
+impl TouchRun {
+    /// A first touch at folio `index`: how many folios after it to zero ahead (at most
+    /// `max`). 0 unless it is the folio expected, the one after the last first touch or
+    /// after the last folio zeroed ahead; the window starts at 2.
+    pub fn touched(&self, index: usize, max: usize) -> usize {
+        let old = self.word.load(Ordering::Relaxed);
+        let (expected, win) = ((old >> 16) as usize, (old & 0xFFFF) as usize);
+        let win = if expected == index + 1 { (win * 2).max(2).min(max).min(0xFFFF) } else { 0 };
+        self.expect(index + 1, win);
+        win
+    }
+
+    /// The folios up to `last` are resident now: the next first touch in the run comes
+    /// after it.
+    pub fn ran_to(&self, last: usize) {
+        let win = self.word.load(Ordering::Relaxed) & 0xFFFF;
+        self.expect(last + 1, win as usize);
+    }
+
+    fn expect(&self, next: usize, win: usize) {
+        self.word.store(((next as u64 + 1) << 16) | win as u64, Ordering::Relaxed);
+    }
+}
+
 /// One region's readahead: its window, its recent faults (for stride detection), counters.
 #[derive(Default)]
 pub(crate) struct RegionRa {
@@ -140,6 +175,8 @@ pub(crate) struct RegionRa {
     pub swap_ra: Counter,
     pub swap_ra_hit: Counter,
     pub swap_ra_waste: Counter,
+    /// The region's run of first touches (`fault.rs` `zero_ahead`).
+    pub touches: TouchRun,
 }
 
 impl RegionRa {
@@ -187,6 +224,24 @@ pub(crate) fn swapin_whole(offset: usize, pages: usize, one_read: bool) -> bool 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_of_first_touches_doubles_its_window_and_a_jump_resets_it() {
+        let run = TouchRun::default();
+        assert_eq!(run.touched(10, 128), 0, "nothing expected yet");
+        assert_eq!(run.touched(11, 128), 2);
+        run.ran_to(13);
+        assert_eq!(run.touched(14, 128), 4, "the touch after the folios zeroed ahead");
+        run.ran_to(18);
+        assert_eq!(run.touched(19, 8), 8, "capped");
+        run.ran_to(27);
+        assert_eq!(run.touched(28, 8), 8);
+        assert_eq!(run.touched(500, 8), 0, "a jump");
+        assert_eq!(run.touched(501, 8), 2, "starts again");
+        assert_eq!(run.touched(501, 8), 0, "the same folio again is no run");
+        assert_eq!(run.touched(1, 0), 0, "max 0 turns it off");
+        assert_eq!(run.touched(2, 0), 0);
+    }
 
     #[test]
     fn window_grows_with_hits_up_to_the_cap() {

@@ -305,6 +305,9 @@ counter_struct!(
         /// Faults on an Untouched folio whose pages were still mapped: an applied REMOVE
         /// released it before the kernel's zap ran (`fault.rs` `fault_zero`).
         fault_before_zap,
+        /// Folios installed zeroed ahead of first touches that run in sequence
+        /// (`fault.rs` `zero_ahead`).
+        zero_ahead,
         /// Times the fault threads polling the userfaultfd changed (thread mode,
         /// `pollers.rs`): to the one on the CPU of a thread faulting alone, or back to all.
         fault_poll_moves,
