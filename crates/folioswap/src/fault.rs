@@ -19,7 +19,9 @@
 //!    - Gone → not ours.
 //! 4. The arm marks it resident (`now_resident`: generation, LRU, counters), the lock is
 //!    released and the faulting thread woken (`install::wake_folio`).
-//! 5. After a swap-in, readahead may bring the neighbours in (`readahead.rs`).
+//! 5. After a swap-in, readahead may bring the neighbours in (`readahead.rs`); after a
+//!    first touch that continues a run of them, `zero_ahead` installs the next folios
+//!    zeroed.
 //!
 //! Whoever serves a fault never touches managed memory itself, so it never faults while
 //! holding a lock. Concurrent faults on one folio serialise on its lock: the first
