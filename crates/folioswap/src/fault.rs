@@ -700,7 +700,8 @@ fn map_ahead(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize) ->
 /// pending, that cannot be charged without reclaim (`try_charge`: zeros ahead never make
 /// room for themselves), or that the copy found mapped already (left Untouched and
 /// uncharged, as `fault_zero` leaves it). The folios it installs go on the LRU like any
-/// first touch; they count in `zero_ahead`, not as faults.
+/// first touch; they count in `zero_ahead` and their size's `anon_fault_alloc`, not as
+/// faults.
 fn zero_ahead(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize) {
     let pages = folio.pages();
     let index = head / pages;
@@ -737,6 +738,8 @@ fn zero_one_ahead(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSiz
     if installed {
         mark_resident(mm, table, head, folio, s, false, false);
         mm.counters.vm.zero_ahead.inc();
+        // Per size, every folio a first touch allocated, as the kernel's count.
+        mm.counters.size(folio).anon_fault_alloc.inc();
     }
     e.unlock();
     installed

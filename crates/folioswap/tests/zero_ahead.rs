@@ -141,12 +141,15 @@ fn only_first_touches_in_sequence_are_zeroed_ahead() {
     const PAGES: usize = 4096;
     let engine = Engine::new(Config::default().memory_high("64M").unwrap()).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
     let in_order = engine.map(PAGES * 4096, RegionOptions::default().folio(FolioSize::K4)).unwrap();
-    let before = engine.stats().vm;
+    let before = engine.stats();
     for page in 0..PAGES {
         // SAFETY: inside the live region, owned by this thread.
         unsafe { (in_order.as_ptr().add(page * 4096) as *mut u64).write_volatile(page as u64 + 1) };
     }
-    let after = engine.stats().vm;
+    let after = engine.stats();
+    let allocs = |s: &folioswap::Stats| s.per_size.get("4kB").map_or(0, |k| k.anon_fault_alloc);
+    assert_eq!(allocs(&after) - allocs(&before), PAGES as u64, "every page is counted allocated, once");
+    let (before, after) = (before.vm, after.vm);
     let (faults, ahead) = (after.pgfault - before.pgfault, after.zero_ahead - before.zero_ahead);
     assert_eq!(faults + ahead, PAGES as u64, "every page is faulted or zeroed ahead, once: {after:?}");
     assert!(faults < PAGES as u64 / 16, "{faults} faults for {PAGES} pages touched in order: {after:?}");
