@@ -708,11 +708,11 @@ fn zero_ahead(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize) {
     let max = if mm.config.page_cluster == 0 { 0 } else { (1usize << mm.config.page_cluster) / pages };
     let win = table.ra.touches.touched(index, max);
     let mut last = index;
-    for next in (index + 1..=index + win).map(|i| i * pages).take_while(|&next| next + pages <= table.pages) {
-        if !zero_one_ahead(mm, table, next, folio) {
+    for next in index + 1..=index + win {
+        if (next + 1) * pages > table.pages || !zero_one_ahead(mm, table, next * pages, folio) {
             break;
         }
-        last = next / pages;
+        last = next;
     }
     if last != index {
         table.ra.touches.ran_to(last);
