@@ -695,7 +695,8 @@ fn map_ahead(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize) ->
 /// thread (BENCHMARKS.md, "Zeros ahead of first touches in sequence").
 ///
 /// The window doubles from 2 folios up to `1 << page_cluster` pages (so `page_cluster`
-/// 0 turns this off with readahead, and folios above 512 KiB are never zeroed ahead). It
+/// 0 turns this off with readahead, and at the default 7 folios above 512 KiB are never
+/// zeroed ahead; 2 MiB folios never are, their first touch moving a whole THP in). It
 /// stops at the first folio that is not Untouched, that is locked or has an event
 /// pending, that cannot be charged without reclaim (`try_charge`: zeros ahead never make
 /// room for themselves), or that the copy found mapped already (left Untouched and
