@@ -41,6 +41,8 @@ struct uffdio_move { __u64 dst, src, len, mode; __s64 move; };
 static int uffd;
 static atomic_int stop;
 static atomic_long removes;
+// Read after each copy, so that no compiler drops the copies as dead stores.
+static volatile char copied;
 static char *other;
 static const size_t OTHER = 64UL << 20;
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
@@ -106,13 +108,14 @@ int main(int argc, char **argv) {
         char *p = span + (first + i * step) * PAGE;
         memcpy(copy + i * PAGE, p, PAGE); iov[i].iov_base = p; iov[i].iov_len = PAGE;
       }
+      copied = copy[(k - 1) * PAGE];
       long r = syscall(SYS_process_madvise, pidfd, iov, k, MADV_DONTNEED, 0);
       if (r != (long)(k * PAGE)) die("process_madvise (MADV_DONTNEED on itself needs Linux 6.13)");
       protect(span, SPAN, 0);
     } else if (!strcmp(mode, "each")) {
       for (int i = 0; i < k; i++) {
         char *p = span + (first + i * step) * PAGE;
-        protect(p, PAGE, 1); memcpy(copy, p, PAGE);
+        protect(p, PAGE, 1); memcpy(copy, p, PAGE); copied = copy[0];
         if (madvise(p, PAGE, MADV_DONTNEED)) die("madvise");
       }
     } else { fprintf(stderr, "mode: move, batch or each\n"); return 2; }
