@@ -8,15 +8,16 @@
 //!    gone, or a forced split where a mapping boundary now cuts the folio);
 //! 2. the same fate for every page: `drop_folio` releases its copy and leaves it
 //!    Untouched (reads as zeros again) or Gone;
-//! 3. otherwise `split_folio` makes it 4 KiB pages, each taking its own fate, first
-//!    bringing a swapped-out folio's data back so the kept pages keep it
+//! 3. otherwise `split_folio` makes it 4 KiB pages, each taking its own fate. A
+//!    swapped-out folio is split where its data lies (`split_in_storage`); only one whose
+//!    stored copy cannot be split is brought back, so that the kept pages keep their data
 //!    (`move_split_pages` moves them to wherever they are mapped now).
 //!
 //! The walker retires an event once every folio of its range is applied.
 
 use crate::charge::{reserve, Oom};
 use crate::event_queue::{Action, FolioActions, PendingEvent};
-use crate::folio::{Kind, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
+use crate::folio::{Kind, CACHED, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
 use crate::gate::pump_events;
 use crate::install::{always_retry, transfer, HaltReason, Transfer};
 use crate::memcg::Component;
@@ -232,7 +233,8 @@ fn drop_folio(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSize,
 }
 
 /// Split the (locked, unsplit) folio at `head` into 4 KiB pages, each taking its
-/// action. A swapped-out folio is brought back first so kept pages keep their data.
+/// action. A swapped-out folio is split where it is stored (`split_in_storage`), or, where
+/// that cannot be done, brought back first so kept pages keep their data.
 fn split_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, actions: &[Action]) -> Result<(), ApplyError> {
     forget_readahead(mm, table, head);
     let e = table.entry(head);
@@ -244,6 +246,9 @@ fn split_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, 
     let staged = match s.kind() {
         Kind::Pool | Kind::Swapped => {
             let handle = e.handle();
+            if split_in_storage(mm, table, head, folio, s.kind(), handle, actions) {
+                return Ok(());
+            }
             charge = Some(reserve(mm, bytes).map_err(ApplyError::Charge)?);
             let Taken { slot, from_reserve, huge } = match mm.staging.take_filled(folio.order()) {
                 Ok(taken) => taken,
@@ -326,6 +331,57 @@ fn split_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, 
         mm.counters.vm.thp_split_page.inc();
     }
     Ok(())
+}
+
+/// Split a Pool or Swapped folio where its data lies, as a partial swap-in does
+/// (`Tiers::split_pool_entry`, `split_file_entry`): each kept page keeps its own stored
+/// copy, every other page's copy is freed. Nothing is brought back, so nothing is charged:
+/// a reclaimer that applies an event after its publish, its batch still counted in
+/// flight, never waits in `reserve` for its own batch. False, the folio untouched, where
+/// its copy cannot be split (stored as one stream, no room in the pool for the pieces,
+/// page checksums that do not add up) or a page of it is mapped already (a copy in that
+/// an event stopped part way put it there: the page must become Resident, as it is):
+/// then it is brought back.
+fn split_in_storage(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, kind: Kind, handle: u64, actions: &[Action]) -> bool {
+    #[cfg(test)]
+    tests::BEFORE_SPLIT_GATE.with(|hook| hook.get().map(|hook| hook(mm)));
+    // Held from the look at the page tables on, so that the addresses looked at stay the
+    // folio's.
+    let _gate = mm.gate.read().unwrap();
+    let mapped = |run: &crate::table::Piece| mm.staging.any_present(run.addr, run.pages * PAGE_SIZE);
+    if table.mapped_runs(head, folio.pages()).iter().any(mapped) {
+        return false;
+    }
+    let placed = match kind {
+        Kind::Pool => mm.tiers.split_pool_entry(handle, folio, &mm.counters),
+        _ => mm.tiers.split_file_entry(handle, folio),
+    };
+    let Some(placed) = placed else {
+        return false;
+    };
+    table.split_into_pages(head, placed.len(), |i, ps, clock| {
+        // A new generation: the folio's own pool-LRU entry (at the head) goes stale.
+        let next = ps.with(HUGE, false).with(WRITEBACK, false).with(CACHED, false).next_gen();
+        let kind = match actions[i] {
+            Action::Keep => mm.tiers.record_page(table, head + i, next.gen(), placed[i]),
+            discarded => {
+                mm.tiers.free_placed(&placed[i..=i], FolioSize::K4);
+                table.entry(head + i).set_handle(0);
+                if discarded == Action::Zero {
+                    Kind::Untouched
+                } else {
+                    Kind::Gone
+                }
+            }
+        };
+        (next.with_kind(kind), clock)
+    });
+    let sc = mm.counters.size(folio);
+    sc.split.inc();
+    if folio.is_huge() {
+        mm.counters.vm.thp_split_page.inc();
+    }
+    true
 }
 
 /// Move the kept pages of a split folio from `slot` back to wherever they are mapped
@@ -421,18 +477,26 @@ fn move_split_pages<'m>(
     }
 }
 
-/// After a locked folio's new state is published (a swap-out, a writeback): apply an
-/// event marked meanwhile (a published split has made the head an order-0 page like the
-/// others).
-pub(crate) fn apply_pending_after_publish(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize) {
-    let s = table.entry(head).load();
-    if s.has(PENDING) {
-        let size = if s.has(SPLIT) { FolioSize::K4 } else { folio };
-        match apply_pending_locked(mm, table, head, size) {
-            Ok(()) | Err(ApplyError::WaitWriteback) => {}
-            Err(err) => eprintln!("folioswap: applying an event after a swap-out: {err}"),
-        }
+/// After a reclaimer's stores stopped counting in flight (`writeback_batch`, `evict`):
+/// apply an event marked on the folio at `head` while it was being stored. Not at its
+/// publish, under the folio lock: a split that must bring the folio back charges memory
+/// (`split_folio`), and `charge::reserve` waits while stores are in flight, so with memory
+/// full it would wait on the reclaimer's own batch, 50 ms at a time, for as long as
+/// nothing else freed any. The walk applies every marked folio too, waiting for its lock;
+/// this spares the fault thread that work. What cannot be applied now (no memory for the
+/// split, a failed read) stays marked for the walk, which tries again and reports.
+pub(crate) fn apply_pending_after_store(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize) {
+    let e = table.entry(head);
+    if !e.load().has(PENDING) {
+        return;
     }
+    let s = e.lock();
+    if s.has(PENDING) {
+        // A split published since has made the head an order-0 page like the others.
+        let size = if s.has(SPLIT) { FolioSize::K4 } else { folio };
+        let _ = apply_pending_locked(mm, table, head, size);
+    }
+    e.unlock();
 }
 
 #[cfg(test)]
@@ -445,8 +509,9 @@ mod tests {
     use std::cell::Cell;
 
     thread_local! {
-        /// Run by `split_folio` of a folio with nothing staged, after its actions were
-        /// taken and before it takes the gate, where another event may be marked.
+        /// Run by `split_folio` of a folio with nothing staged (or split where it is
+        /// stored), after its actions were taken and before it takes the gate, where
+        /// another event may be marked.
         pub(super) static BEFORE_SPLIT_GATE: Cell<Option<fn(&Mm)>> = const { Cell::new(None) };
     }
 
@@ -500,6 +565,31 @@ mod tests {
         // followed these events.
         for (p, page) in region.as_slice().chunks(PAGE_SIZE).enumerate().filter(|&(p, _)| p != 1 && p != 3) {
             assert!(page.iter().all(|&b| b == 7), "kept page {p} lost its data");
+        }
+    }
+
+    /// A discard of part of a folio in the pool splits it there: the kept pages stay in
+    /// the pool, an entry each, nothing is decompressed or charged, and each page comes
+    /// back with its data when touched. Before, the whole folio was decompressed and its
+    /// kept pages moved back in, which needed memory that a full memory_high may not have.
+    #[test]
+    fn a_partial_discard_splits_a_pooled_folio_where_it_lies() {
+        let (engine, region, table, head) = resident_region();
+        let mm = engine.mm();
+        let mut scratch = CodecScratch::new();
+        assert_eq!(shrink_one(mm, &mut scratch, Reclaimer::Kswapd), Reclaimed::Freed);
+        assert_eq!(table.entry(head).load().kind(), Kind::Pool, "the first folio is evicted first");
+        let charged = mm.memcg.get(Component::Resident);
+        discard_and_apply(mm, &table, head, 1);
+        assert!(table.entry(head).load().has(SPLIT));
+        let kinds: Vec<Kind> = (0..16).map(|p| table.entry(head + p).load().kind()).collect();
+        let expected: Vec<Kind> = (0..16).map(|p| if p == 1 { Kind::Untouched } else { Kind::Pool }).collect();
+        assert_eq!(kinds, expected);
+        assert_eq!(mm.memcg.get(Component::Resident), charged, "the split charged memory");
+        assert_eq!(mm.counters.vm.zswpin.get(), 0, "the split brought pages in");
+        for (p, page) in region.as_slice().chunks(PAGE_SIZE).enumerate() {
+            let fill = if p == 1 { 0 } else { 7 };
+            assert!(page.iter().all(|&b| b == fill), "page {p} reads {} where {fill} was expected", page[0]);
         }
     }
 
@@ -574,6 +664,10 @@ mod tests {
         let mut scratch = CodecScratch::new();
         assert_eq!(shrink_one(mm, &mut scratch, Reclaimer::Kswapd), Reclaimed::Freed);
         assert_eq!(table.entry(head).load().kind(), Kind::Swapped, "the first folio is on the file");
+        // Page 2 mapped already, as a copy in that an event stopped leaves it: the split
+        // must then read the folio (otherwise it splits it on the file, reading nothing).
+        let written = [9u8; PAGE_SIZE];
+        mm.uffd.copy(start + 2 * PAGE_SIZE, written.as_ptr(), PAGE_SIZE, true).unwrap_or_else(|e| panic!("copying page 2 in: {e}"));
         io.fail_reads(1, libc::EIO);
         crate::gate::tests::remove(mm, start + PAGE_SIZE, PAGE_SIZE);
         // The walk (here, or on a fault thread the marking woke) meets the failed read; wait
@@ -591,7 +685,11 @@ mod tests {
         wait_for("the split's read failing", &|| io.injected() == 1);
         wait_for("the walk ending", &|| !mm.events.being_walked());
         for (p, page) in region.as_slice().chunks(PAGE_SIZE).enumerate() {
-            let fill = if p == 1 { 0 } else { 7 };
+            let fill = match p {
+                1 => 0,
+                2 => 9,
+                _ => 7,
+            };
             assert!(page.iter().all(|&b| b == fill), "page {p} reads {} where {fill} was expected", page[0]);
         }
     }

@@ -14,7 +14,9 @@
 //! 5. **publish** under the lock again (`finish_eviction` → `publish`), unless a fault
 //!    wanted the folio back meanwhile (then the work is dropped and the fault moves the
 //!    folio straight back), or **put back** a folio no tier would take (`put_back`): no
-//!    data is ever dropped for lack of room.
+//!    data is ever dropped for lack of room;
+//! 6. **apply** any event marked on a member while it was stored, once the whole batch
+//!    is out of flight (`events::apply_pending_after_store`).
 //!
 //! One MOVE of a run costs one TLB shootdown where a MOVE per folio costs one each: 256
 //! 4 KiB moves took 232 IPIs and 3.2 ms, one 1 MiB move 1 IPI and 41 µs. Runs are
@@ -35,7 +37,7 @@
 
 use crate::config::SwapinPolicy;
 use crate::event_queue::Action;
-use crate::events::{apply_pending_after_publish, apply_pending_locked};
+use crate::events::{apply_pending_after_store, apply_pending_locked};
 use crate::folio::{Kind, State, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
 use crate::gate::pump_events;
 use crate::install::{install_copy, install_slot, transfer, wake_folio, HaltReason, Transfer};
@@ -186,6 +188,11 @@ fn shrink_one_timed(mm: &Mm, scratch: &mut CodecScratch, who: Reclaimer) -> Recl
         }
         table.evicting.fetch_sub(1, Ordering::AcqRel);
         mm.reclaim.end_store();
+    }
+    // 6. Apply any event marked on a member while it was stored, the whole batch out of
+    // flight (`apply_pending_after_store` says why not at its publish).
+    for m in &members {
+        apply_pending_after_store(mm, &m.victim.table, m.victim.page, folio);
     }
     outcome
 }
@@ -768,13 +775,14 @@ fn finish_eviction(mm: &Mm, m: &Member, folio: FolioSize, result: Result<Vec<Pla
         e.unlock();
         return Reclaimed::PoolFull;
     };
+    #[cfg(test)]
+    tests::BEFORE_PUBLISH.with(|hook| hook.take().map(|hook| hook(mm)));
     publish(mm, table, head, folio, s, &placed);
     let pages = folio.pages() as u64;
     match who {
         Reclaimer::Direct => mm.counters.vm.pgsteal_direct.add(pages),
         Reclaimer::Kswapd => mm.counters.vm.pgsteal_kswapd.add(pages),
     }
-    apply_pending_after_publish(mm, table, head, folio);
     e.unlock();
     release_staged(mm, at, folio, huge);
     mm.memcg.note_overrun(mm.tiers.pool_bytes());
@@ -851,7 +859,16 @@ fn put_back(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, at:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::SwapinPolicy;
+    use crate::writeback::tests::run_with_hook;
     use crate::{Config, Engine, RegionOptions};
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Run once, by the next eviction to publish a folio, before it publishes it (the
+        /// folio locked, the batch counted in flight); then cleared.
+        pub(super) static BEFORE_PUBLISH: Cell<Option<fn(&Mm)>> = const { Cell::new(None) };
+    }
 
     #[test]
     fn runs_of_finds_each_run_once() {
@@ -1008,6 +1025,44 @@ mod tests {
         assert!(stats.memory.pool_total_bytes <= 128 << 10);
         for (i, (got, want)) in region.as_slice().chunks(8).zip(&words).enumerate() {
             assert_eq!(got, &want.to_le_bytes(), "word {i}");
+        }
+    }
+
+    /// An event marked on a folio while it is stored, with memory_high full and nothing
+    /// else to free, where the split must bring the folio back (its region always swaps
+    /// in whole, so the pool holds it as one stream): the eviction returns, the folio
+    /// keeps the event, and the split is made once memory is back. Before, the publish
+    /// applied it with the eviction's batch in flight, and `reserve` waited on that batch
+    /// for as long as memory stayed full.
+    #[test]
+    fn an_event_during_an_eviction_waits_for_memory_not_for_its_batch() {
+        let config = Config::default().memory_high("16M").unwrap().no_swap_file();
+        let engine = Engine::new(config).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
+        let options = RegionOptions::default().folio_size("64K").unwrap().swapin_enabled(SwapinPolicy::Always);
+        let mut region = engine.map(1 << 20, options).unwrap();
+        region.as_mut_slice().fill(7);
+        let (mm, table) = (engine.mm(), region.table().clone());
+        let head = table.head_of(0);
+        let freed = run_with_hook(mm, &BEFORE_PUBLISH, region.as_ptr() as usize + PAGE_SIZE, |mm| {
+            shrink_one(mm, &mut CodecScratch::new(), Reclaimer::Kswapd)
+        });
+        assert_eq!(freed, Reclaimed::Freed);
+        // The engine's walk may be trying to apply it: the lock waits for it.
+        let h = table.entry(head);
+        let s = h.lock();
+        h.unlock();
+        assert!(s.kind() == Kind::Pool && s.has(PENDING) && !s.has(SPLIT), "the folio was not left in the pool with its event: {s}");
+        mm.memcg.uncharge(Component::Resident, mm.memcg.limit.unwrap());
+        // The engine's walk may be applying it now: the lock waits for it.
+        if h.lock().has(PENDING) {
+            apply_pending_locked(mm, &table, head, FolioSize::K64).unwrap_or_else(|e| panic!("applying the event: {e}"));
+        }
+        h.unlock();
+        let (s, page) = (h.load(), table.entry(head + 1).load());
+        assert!(s.has(SPLIT) && page.kind() == Kind::Untouched, "the event was not applied: folio {s:?}, page {page:?}");
+        for (i, page) in region.as_slice().chunks(PAGE_SIZE).enumerate() {
+            let want = if i == 1 { 0 } else { 7 };
+            assert!(page.iter().all(|&b| b == want), "page {i} came back wrong (wanted {want} in every byte)");
         }
     }
 }

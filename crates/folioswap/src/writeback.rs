@@ -14,7 +14,7 @@
 //! (BENCHMARKS.md, "Pool writeback in batches"). Direct reclaim writes back one entry
 //! (`writeback_one`), in the faulting context.
 
-use crate::events::apply_pending_after_publish;
+use crate::events::apply_pending_after_store;
 use crate::evict::publish;
 use crate::folio::{Kind, State, CACHED, PENDING, SPLIT};
 use crate::mm::Mm;
@@ -53,8 +53,9 @@ struct Taken {
 ///    slots anywhere in the file) and queue its write; issue the queue with one `pwritev`
 ///    per contiguous run (`write_batch`);
 /// 4. per entry: free the pool entry and publish the new place (counted `zswpwb`), or,
-///    where its load or write failed, keep it in the pool (back at the LRU head); apply
-///    any event marked meanwhile; unlock.
+///    where its load or write failed, keep it in the pool (back at the LRU head); unlock;
+/// 5. once the batch no longer counts in flight, apply any event marked on an entry while
+///    it was written back (`apply_pending_after_store` says why not before).
 pub(crate) fn writeback_batch(mm: &Mm, scratch: &mut CodecScratch, max: usize) -> usize {
     let Some(dev) = &mm.tiers.file else { return 0 };
     if !dev.has_free_slots() {
@@ -71,6 +72,8 @@ pub(crate) fn writeback_batch(mm: &Mm, scratch: &mut CodecScratch, max: usize) -
     // pool charged, the pool's last entries were all in other threads' writebacks).
     let count = taken.len();
     mm.reclaim.begin_store(count);
+    #[cfg(test)]
+    tests::BEFORE_WRITE.with(|hook| hook.get().map(|hook| hook(mm)));
     taken.sort_by_key(|t| (Arc::as_ptr(&t.v.table) as usize, t.v.page));
     let mut offset = 0;
     for t in &mut taken {
@@ -81,6 +84,8 @@ pub(crate) fn writeback_batch(mm: &Mm, scratch: &mut CodecScratch, max: usize) -
     let lru = &mm.tiers.pool_lru;
     let mut written = 0;
     let mut kept = Vec::new();
+    // Published with an event marked meanwhile: applied once the batch is out of flight.
+    let mut marked = Vec::new();
     for (t, result) in taken.into_iter().zip(results) {
         let Taken { v, s, folio, handle, .. } = t;
         let e = v.table.entry(v.page);
@@ -93,7 +98,9 @@ pub(crate) fn writeback_batch(mm: &Mm, scratch: &mut CodecScratch, max: usize) -
                     bypass.note_writeback(folio.pages() as u64);
                 }
                 publish(mm, &v.table, v.page, folio, s, &placed);
-                apply_pending_after_publish(mm, &v.table, v.page, folio);
+                if e.load().has(PENDING) {
+                    marked.push((v.table.clone(), v.page, folio));
+                }
                 e.unlock();
                 written += 1;
             }
@@ -107,6 +114,9 @@ pub(crate) fn writeback_batch(mm: &Mm, scratch: &mut CodecScratch, max: usize) -
         lru.push_front(v);
     }
     mm.reclaim.end_stores(count);
+    for (table, page, folio) in marked {
+        apply_pending_after_store(mm, &table, page, folio);
+    }
     written
 }
 
@@ -229,13 +239,57 @@ fn write_taken(mm: &Mm, taken: &[Taken], buf: &mut [u8]) -> Vec<Result<Vec<Place
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::evict::{shrink_one, Reclaimer};
     use crate::gate::tests::filled_region;
+    use crate::gate::tests::remove;
+    use crate::memcg::Component;
     use crate::mm::Reclaimed;
+    use crate::size::PAGE_SIZE;
     use crate::swapfile::io::SwapFile;
     use crate::{Config, Engine};
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    /// A test's hook into a reclaimer: run at one point of its path, on its thread.
+    pub(crate) type Hook = std::thread::LocalKey<Cell<Option<fn(&Mm)>>>;
+
+    thread_local! {
+        /// Run by `writeback_batch` once its entries are taken (locked, counted in
+        /// flight), before it writes them.
+        pub(super) static BEFORE_WRITE: Cell<Option<fn(&Mm)>> = const { Cell::new(None) };
+        /// Where `remove_a_page_with_memory_full` discards a page.
+        static DISCARD_AT: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// Charge a whole memory_high more, so that no charge can succeed, and discard the
+    /// page at `DISCARD_AT` as the gate does when the program discards it.
+    pub(crate) fn remove_a_page_with_memory_full(mm: &Mm) {
+        mm.memcg.charge(Component::Resident, mm.memcg.limit.expect("a memory_high"));
+        remove(mm, DISCARD_AT.with(Cell::get), PAGE_SIZE);
+    }
+
+    /// Run `work` on a thread of its own with `hook` set and the page at `discard_at` to
+    /// discard there; if it has not returned in two minutes, it waits for memory that the
+    /// hook's charge holds: give that back so that the test fails instead of hanging.
+    pub(crate) fn run_with_hook<T: Send + 'static>(mm: &Arc<Mm>, hook: &'static Hook, discard_at: usize, work: fn(&Mm) -> T) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let worker = mm.clone();
+        let thread = std::thread::spawn(move || {
+            DISCARD_AT.with(|at| at.set(discard_at));
+            hook.with(|h| h.set(Some(remove_a_page_with_memory_full)));
+            let _ = tx.send(work(&worker));
+        });
+        let got = rx.recv_timeout(Duration::from_secs(120));
+        if got.is_err() {
+            mm.memcg.uncharge(Component::Resident, mm.memcg.limit.unwrap());
+            thread.join().unwrap();
+            panic!("the reclaimer was still waiting for memory after two minutes, its batch in flight");
+        }
+        thread.join().unwrap();
+        got.unwrap()
+    }
 
     /// A pool entry that a pass finds locked (an eviction looking at its neighbours,
     /// readahead taking a copy) stays on the pool's LRU and is written back by a later
@@ -257,5 +311,42 @@ mod tests {
         assert_eq!(writeback_batch(mm, &mut scratch, 64), 1, "the entry was not written back once unlocked");
         assert_eq!(e.load().kind(), Kind::Swapped);
         assert!(region.as_slice().iter().all(|&b| b == 7), "the data came back wrong");
+    }
+
+    /// An event marked on a pool entry while it is written back, with memory_high full
+    /// and nothing else to free, is applied at once and without memory: the folio is
+    /// split on the swap file, the discarded page's slot freed and the kept pages left
+    /// there. Before, the writeback applied it at its publish by bringing the folio back
+    /// in, and `reserve` waited for the writeback's own batch in flight, 50 ms at a time,
+    /// for as long as memory stayed full.
+    #[test]
+    fn an_event_during_writeback_is_applied_with_memory_full() {
+        let file =
+            SwapFile::create_sparse(std::path::Path::new("/var/tmp"), 16 << 20).unwrap_or_else(|e| panic!("a swap file in /var/tmp: {e}"));
+        let config = Config::default().memory_high("16M").unwrap();
+        let engine = Engine::with_swap_io(config, Box::new(file)).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
+        let (region, table, head) = filled_region(&engine, 1 << 20, "64K");
+        let mm = engine.mm();
+        let mut scratch = CodecScratch::new();
+        while shrink_one(mm, &mut scratch, Reclaimer::Kswapd) == Reclaimed::Freed {}
+        assert_eq!(table.entry(head).load().kind(), Kind::Pool, "the first folio is in the pool");
+        let written = run_with_hook(mm, &BEFORE_WRITE, region.as_ptr() as usize + PAGE_SIZE, |mm| {
+            writeback_batch(mm, &mut CodecScratch::new(), WRITEBACK_BATCH)
+        });
+        assert!(written > 0, "nothing was written back");
+        // The engine's walk may be applying it too: the lock waits for it.
+        let h = table.entry(head);
+        let s = h.lock();
+        h.unlock();
+        let page = table.entry(head + 1).load();
+        assert!(s.has(SPLIT) && !s.has(PENDING), "the event was not applied: folio {s:?}");
+        assert_eq!(s.kind(), Kind::Swapped, "a kept page was brought back: {s:?}");
+        assert_eq!(page.kind(), Kind::Untouched, "the discarded page: {page:?}");
+        assert!((2..16).all(|i| table.entry(head + i).load().kind() == Kind::Swapped), "kept pages left the swap file");
+        mm.memcg.uncharge(Component::Resident, mm.memcg.limit.unwrap());
+        for (i, page) in region.as_slice().chunks(PAGE_SIZE).enumerate() {
+            let want = if i == 1 { 0 } else { 7 };
+            assert!(page.iter().all(|&b| b == want), "page {i} came back wrong (wanted {want} in every byte)");
+        }
     }
 }
