@@ -568,17 +568,23 @@ mod tests {
         }
     }
 
+    /// The `resident_region` with its first folio evicted into the pool.
+    fn pooled_region() -> (crate::Engine, crate::Region, Arc<FolioTable>, usize) {
+        let (engine, region, table, head) = resident_region();
+        let mut scratch = CodecScratch::new();
+        assert_eq!(shrink_one(engine.mm(), &mut scratch, Reclaimer::Kswapd), Reclaimed::Freed);
+        assert_eq!(table.entry(head).load().kind(), Kind::Pool, "the first folio is evicted first");
+        (engine, region, table, head)
+    }
+
     /// A discard of part of a folio in the pool splits it there: the kept pages stay in
     /// the pool, an entry each, nothing is decompressed or charged, and each page comes
     /// back with its data when touched. Before, the whole folio was decompressed and its
     /// kept pages moved back in, which needed memory that a full memory_high may not have.
     #[test]
     fn a_partial_discard_splits_a_pooled_folio_where_it_lies() {
-        let (engine, region, table, head) = resident_region();
+        let (engine, region, table, head) = pooled_region();
         let mm = engine.mm();
-        let mut scratch = CodecScratch::new();
-        assert_eq!(shrink_one(mm, &mut scratch, Reclaimer::Kswapd), Reclaimed::Freed);
-        assert_eq!(table.entry(head).load().kind(), Kind::Pool, "the first folio is evicted first");
         let charged = mm.memcg.get(Component::Resident);
         discard_and_apply(mm, &table, head, 1);
         assert!(table.entry(head).load().has(SPLIT));
@@ -721,11 +727,8 @@ mod tests {
     /// was left out, marked Resident but unmapped: it read back as zeros.
     #[test]
     fn a_split_keeps_a_page_mapped_already_and_moves_the_rest() {
-        let (engine, region, table, head) = resident_region();
+        let (engine, region, table, head) = pooled_region();
         let mm = engine.mm();
-        let mut scratch = CodecScratch::new();
-        assert_eq!(shrink_one(mm, &mut scratch, Reclaimer::Kswapd), Reclaimed::Freed);
-        assert_eq!(table.entry(head).load().kind(), Kind::Pool, "the first folio is evicted first");
         // Page 2 comes back on its own, with new data, as a stopped copy in leaves it.
         let written = [9u8; PAGE_SIZE];
         let page2 = region.as_ptr() as usize + 2 * PAGE_SIZE;
