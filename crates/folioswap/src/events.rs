@@ -335,21 +335,21 @@ fn split_folio(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, 
 
 /// Split a Pool or Swapped folio where its data lies, as a partial swap-in does
 /// (`Tiers::split_pool_entry`, `split_file_entry`): each kept page keeps its own stored
-/// copy, every other page's copy is freed. Nothing is brought back, so nothing is charged:
-/// a reclaimer that applies an event after its publish, its batch still counted in
-/// flight, never waits in `reserve` for its own batch. False, the folio untouched, where
-/// its copy cannot be split (stored as one stream, no room in the pool for the pieces,
-/// page checksums that do not add up) or a page of it is mapped already (a copy in that
-/// an event stopped part way put it there: the page must become Resident, as it is):
-/// then it is brought back.
+/// copy, every other page's copy is freed. Nothing is brought back, so nothing is read or
+/// charged, and a split does not wait for memory (`reserve`) where a full memory_high has
+/// none. False, the folio untouched, where its copy cannot be split (stored as one stream,
+/// no room in the pool for the pieces, page checksums that do not add up) or a page of it
+/// may be mapped already (a copy in that an event stopped part way put it there: the page
+/// must become Resident, as it is; also where the page tables could not be read): then it
+/// is brought back.
 fn split_in_storage(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, kind: Kind, handle: u64, actions: &[Action]) -> bool {
     #[cfg(test)]
     tests::BEFORE_SPLIT_GATE.with(|hook| hook.get().map(|hook| hook(mm)));
     // Held from the look at the page tables on, so that the addresses looked at stay the
     // folio's.
     let _gate = mm.gate.read().unwrap();
-    let mapped = |run: &crate::table::Piece| mm.staging.any_present(run.addr, run.pages * PAGE_SIZE);
-    if table.mapped_runs(head, folio.pages()).iter().any(mapped) {
+    let unmapped = |run: &crate::table::Piece| mm.staging.none_present(run.addr, run.pages * PAGE_SIZE);
+    if !table.mapped_runs(head, folio.pages()).iter().all(unmapped) {
         return false;
     }
     let placed = match kind {

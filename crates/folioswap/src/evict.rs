@@ -860,7 +860,7 @@ fn put_back(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, at:
 mod tests {
     use super::*;
     use crate::config::SwapinPolicy;
-    use crate::writeback::tests::run_with_hook;
+    use crate::writeback::tests::{applied_once_memory_is_back, check_data, run_with_hook};
     use crate::{Config, Engine, RegionOptions};
     use std::cell::Cell;
 
@@ -1047,22 +1047,7 @@ mod tests {
             shrink_one(mm, &mut CodecScratch::new(), Reclaimer::Kswapd)
         });
         assert_eq!(freed, Reclaimed::Freed);
-        // The engine's walk may be trying to apply it: the lock waits for it.
-        let h = table.entry(head);
-        let s = h.lock();
-        h.unlock();
-        assert!(s.kind() == Kind::Pool && s.has(PENDING) && !s.has(SPLIT), "the folio was not left in the pool with its event: {s}");
-        mm.memcg.uncharge(Component::Resident, mm.memcg.limit.unwrap());
-        // The engine's walk may be applying it now: the lock waits for it.
-        if h.lock().has(PENDING) {
-            apply_pending_locked(mm, &table, head, FolioSize::K64).unwrap_or_else(|e| panic!("applying the event: {e}"));
-        }
-        h.unlock();
-        let (s, page) = (h.load(), table.entry(head + 1).load());
-        assert!(s.has(SPLIT) && page.kind() == Kind::Untouched, "the event was not applied: folio {s:?}, page {page:?}");
-        for (i, page) in region.as_slice().chunks(PAGE_SIZE).enumerate() {
-            let want = if i == 1 { 0 } else { 7 };
-            assert!(page.iter().all(|&b| b == want), "page {i} came back wrong (wanted {want} in every byte)");
-        }
+        applied_once_memory_is_back(mm, &table, head, Kind::Pool);
+        check_data(&region, 7);
     }
 }

@@ -566,6 +566,12 @@ impl Staging {
         self.pagemap.present_bytes(addr, len).is_ok_and(|n| n > 0)
     }
 
+    /// Whether no page of `[addr, addr + len)` is present: false where the page tables
+    /// could not be read, for a caller that must not miss a present page.
+    pub fn none_present(&self, addr: usize, len: usize) -> bool {
+        self.pagemap.present_bytes(addr, len).is_ok_and(|n| n == 0)
+    }
+
     /// Whether every page of `[addr, addr + len)` is present.
     pub fn all_present(&self, addr: usize, len: usize) -> bool {
         self.pagemap.present_bytes(addr, len).is_ok_and(|n| n == len)

@@ -248,7 +248,8 @@ pub(crate) mod tests {
     use crate::mm::Reclaimed;
     use crate::size::PAGE_SIZE;
     use crate::swapfile::io::SwapFile;
-    use crate::{Config, Engine};
+    use crate::table::FolioTable;
+    use crate::{Config, Engine, Region};
     use std::cell::Cell;
     use std::time::Duration;
 
@@ -313,14 +314,11 @@ pub(crate) mod tests {
         assert!(region.as_slice().iter().all(|&b| b == 7), "the data came back wrong");
     }
 
-    /// An event marked on a pool entry while it is written back, with memory_high full
-    /// and nothing else to free, is applied at once and without memory: the folio is
-    /// split on the swap file, the discarded page's slot freed and the kept pages left
-    /// there. Before, the writeback applied it at its publish by bringing the folio back
-    /// in, and `reserve` waited for the writeback's own batch in flight, 50 ms at a time,
-    /// for as long as memory stayed full.
-    #[test]
-    fn an_event_during_writeback_is_applied_with_memory_full() {
+    /// A pool of 64K folios with a swap file behind it and a memory_high of 16M, every
+    /// folio of a 1 MiB region in the pool; with `page_2_mapped`, page 2 of the first folio
+    /// is mapped again (with 9s), as a copy in that an event stopped leaves it. Then one
+    /// writeback pass, during which page 1 is discarded with memory_high charged full.
+    fn written_back_with_an_event(page_2_mapped: bool) -> (Engine, Region, Arc<FolioTable>, usize) {
         let file =
             SwapFile::create_sparse(std::path::Path::new("/var/tmp"), 16 << 20).unwrap_or_else(|e| panic!("a swap file in /var/tmp: {e}"));
         let config = Config::default().memory_high("16M").unwrap();
@@ -330,23 +328,87 @@ pub(crate) mod tests {
         let mut scratch = CodecScratch::new();
         while shrink_one(mm, &mut scratch, Reclaimer::Kswapd) == Reclaimed::Freed {}
         assert_eq!(table.entry(head).load().kind(), Kind::Pool, "the first folio is in the pool");
-        let written = run_with_hook(mm, &BEFORE_WRITE, region.as_ptr() as usize + PAGE_SIZE, |mm| {
-            writeback_batch(mm, &mut CodecScratch::new(), WRITEBACK_BATCH)
-        });
+        let start = region.as_ptr() as usize;
+        if page_2_mapped {
+            let written = [9u8; PAGE_SIZE];
+            mm.uffd.copy(start + 2 * PAGE_SIZE, written.as_ptr(), PAGE_SIZE, true).unwrap_or_else(|e| panic!("copying page 2 in: {e}"));
+        }
+        let written =
+            run_with_hook(mm, &BEFORE_WRITE, start + PAGE_SIZE, |mm| writeback_batch(mm, &mut CodecScratch::new(), WRITEBACK_BATCH));
         assert!(written > 0, "nothing was written back");
-        // The engine's walk may be applying it too: the lock waits for it.
+        (engine, region, table, head)
+    }
+
+    /// The folio's state once whoever holds its lock lets go (the engine's walk may be
+    /// applying the event).
+    fn settled(table: &FolioTable, head: usize) -> State {
         let h = table.entry(head);
         let s = h.lock();
         h.unlock();
-        let page = table.entry(head + 1).load();
-        assert!(s.has(SPLIT) && !s.has(PENDING), "the event was not applied: folio {s:?}");
-        assert_eq!(s.kind(), Kind::Swapped, "a kept page was brought back: {s:?}");
-        assert_eq!(page.kind(), Kind::Untouched, "the discarded page: {page:?}");
-        assert!((2..16).all(|i| table.entry(head + i).load().kind() == Kind::Swapped), "kept pages left the swap file");
+        s
+    }
+
+    /// Apply what is still pending on the folio at `head`, memory being back.
+    fn apply_what_is_pending(mm: &Mm, table: &Arc<FolioTable>, head: usize) {
+        let h = table.entry(head);
+        if h.lock().has(PENDING) {
+            crate::events::apply_pending_locked(mm, table, head, table.folio).unwrap_or_else(|e| panic!("applying the event: {e}"));
+        }
+        h.unlock();
+    }
+
+    /// With memory_high still charged full, the folio at `head` is `kind`, unsplit, its
+    /// event pending; once the charge is given back, the event splits it and page 1 is
+    /// discarded.
+    pub(crate) fn applied_once_memory_is_back(mm: &Mm, table: &Arc<FolioTable>, head: usize, kind: Kind) {
+        let s = settled(table, head);
+        assert!(s.kind() == kind && s.has(PENDING) && !s.has(SPLIT), "the folio was not left {kind:?} with its event: {s}");
         mm.memcg.uncharge(Component::Resident, mm.memcg.limit.unwrap());
+        apply_what_is_pending(mm, table, head);
+        let (s, page) = (table.entry(head).load(), table.entry(head + 1).load());
+        assert!(s.has(SPLIT) && page.kind() == Kind::Untouched, "the event was not applied: folio {s}, page {page}");
+    }
+
+    /// Every page of the region: page 1 discarded, page 2 `page_2`, the rest kept.
+    pub(crate) fn check_data(region: &Region, page_2: u8) {
         for (i, page) in region.as_slice().chunks(PAGE_SIZE).enumerate() {
-            let want = if i == 1 { 0 } else { 7 };
+            let want = match i {
+                1 => 0,
+                2 => page_2,
+                _ => 7,
+            };
             assert!(page.iter().all(|&b| b == want), "page {i} came back wrong (wanted {want} in every byte)");
         }
+    }
+
+    /// An event marked on a pool entry while it is written back, with memory_high full
+    /// and nothing else to free, is applied at once and without memory: the folio is
+    /// split on the swap file, the discarded page's slot freed and the kept pages left
+    /// there. Before, the writeback applied it at its publish by bringing the folio back
+    /// in, and `reserve` waited for the writeback's own batch in flight, 50 ms at a time,
+    /// for as long as memory stayed full.
+    #[test]
+    fn an_event_during_writeback_is_applied_with_memory_full() {
+        let (engine, region, table, head) = written_back_with_an_event(false);
+        let mm = engine.mm();
+        let s = settled(&table, head);
+        let page = table.entry(head + 1).load();
+        assert!(s.has(SPLIT) && !s.has(PENDING), "the event was not applied: folio {s}");
+        assert_eq!(s.kind(), Kind::Swapped, "a kept page was brought back: {s}");
+        assert_eq!(page.kind(), Kind::Untouched, "the discarded page: {page}");
+        assert!((2..16).all(|i| table.entry(head + i).load().kind() == Kind::Swapped), "kept pages left the swap file");
+        mm.memcg.uncharge(Component::Resident, mm.memcg.limit.unwrap());
+        check_data(&region, 7);
+    }
+
+    /// The same where the split must bring the folio back (a page of it is mapped): with
+    /// memory full, the pass returns and the folio keeps the event, which is applied once
+    /// memory is back. Before, the pass applied it with its batch in flight and waited on
+    /// that batch for as long as memory stayed full.
+    #[test]
+    fn an_event_during_writeback_waits_for_memory_not_for_its_batch() {
+        let (engine, region, table, head) = written_back_with_an_event(true);
+        applied_once_memory_is_back(engine.mm(), &table, head, Kind::Swapped);
+        check_data(&region, 9);
     }
 }
