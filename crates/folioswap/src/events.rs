@@ -27,7 +27,7 @@ use crate::release::drop_storage;
 use crate::size::{FolioSize, PAGE_SIZE};
 use crate::staging::{Staged, Taken};
 use crate::table::FolioTable;
-use crate::tier::LoadError;
+use crate::tier::{LoadError, Placed};
 use crate::uffd::InstallMode;
 use std::fmt;
 use std::sync::Arc;
@@ -359,10 +359,26 @@ fn split_in_storage(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioS
     let Some(placed) = placed else {
         return false;
     };
+    publish_split_in_storage(mm, table, head, folio, &placed, |i| actions[i]);
+    true
+}
+
+/// Publish a folio split where it is stored (`placed`: one entry per page, from
+/// `Tiers::split_pool_entry` or `split_file_entry`), page `i` taking `fate(i)`: kept, its
+/// entry recorded; else its entry freed. The caller holds the folio lock and the gate
+/// shared. Shared by events and partial swap-ins (`fault.rs` `split_on_swapin`).
+pub(crate) fn publish_split_in_storage(
+    mm: &Mm,
+    table: &Arc<FolioTable>,
+    head: usize,
+    folio: FolioSize,
+    placed: &[Placed],
+    fate: impl Fn(usize) -> Action,
+) {
     table.split_into_pages(head, placed.len(), |i, ps, clock| {
         // A new generation: the folio's own pool-LRU entry (at the head) goes stale.
         let next = ps.with(HUGE, false).with(WRITEBACK, false).with(CACHED, false).next_gen();
-        let kind = match actions[i] {
+        let kind = match fate(i) {
             Action::Keep => mm.tiers.record_page(table, head + i, next.gen(), placed[i]),
             discarded => {
                 mm.tiers.free_placed(&placed[i..=i], FolioSize::K4);
@@ -381,7 +397,6 @@ fn split_in_storage(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioS
     if folio.is_huge() {
         mm.counters.vm.thp_split_page.inc();
     }
-    true
 }
 
 /// Move the kept pages of a split folio from `slot` back to wherever they are mapped

@@ -859,7 +859,6 @@ fn put_back(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize, at:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::SwapinPolicy;
     use crate::writeback::tests::{applied_once_memory_is_back, check_data, run_with_hook};
     use crate::{Config, Engine, RegionOptions};
     use std::cell::Cell;

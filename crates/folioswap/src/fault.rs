@@ -33,7 +33,8 @@
 use crate::addrmap::ADDRESS_MAP;
 use crate::charge::{reserve, try_charge, Oom};
 use crate::config::{LruPolicy, SwapinPolicy};
-use crate::events::{apply_pending_locked, ApplyError};
+use crate::event_queue::Action;
+use crate::events::{apply_pending_locked, publish_split_in_storage, ApplyError};
 use crate::folio::{Kind, State, CACHED, HUGE, PENDING, SPLIT, WANTED, WRITEBACK};
 use crate::gate::{pump_events, read_messages};
 use crate::install::{install_copy, install_slot, install_zero, wake_folio, zero_page, InstallError, Installed};
@@ -610,17 +611,9 @@ fn split_on_swapin(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSi
         return false;
     };
     let _gate = mm.gate.read().unwrap();
-    table.split_into_pages(head, placed.len(), |i, ps, clock| {
-        // A new generation: the folio's own pool-LRU entry (at the head) goes stale.
-        let next = ps.with(HUGE, false).with(WRITEBACK, false).with(CACHED, false).next_gen();
-        let kind = mm.tiers.record_page(table, head + i, next.gen(), placed[i]);
-        (next.with_kind(kind), clock)
-    });
-    let sc = mm.counters.size(folio);
-    sc.split.inc();
-    sc.swpin_fallback.inc();
+    publish_split_in_storage(mm, table, head, folio, &placed, |_| Action::Keep);
+    mm.counters.size(folio).swpin_fallback.inc();
     if folio.is_huge() {
-        mm.counters.vm.thp_split_page.inc();
         mm.counters.vm.thp_swpin_fallback.inc();
     }
     true
