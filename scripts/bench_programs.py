@@ -3,7 +3,7 @@
 and under the kernel's own swap (zram, lz4) with the same limit, on the same machine
 (BENCHMARKS.md, "Real programs").
 
-Usage (root): scripts/bench_programs.py [--runs 3] [--only sort|pydict ...] [--fraction 0.5 0.75]
+Usage (root): scripts/bench_programs.py [--runs 3] [--only sort|pydict ...] [--fraction 0.5 0.75 | --limit MIB ...]
                                        [--sort-mib 400] [--pydict-n 2500000]
                                        [--variant '--swap-file none' ...] [--folioswap-arg=--folio=64K ...]
 
@@ -15,7 +15,7 @@ Programs (none written here; the inputs are):
   lookups at random keys (the interpreter's heap and a hash table).
 
 Each program first runs with no limit to measure its peak RSS (`ru_maxrss`) and its
-output; each limit is a `--fraction` of that peak. Then, interleaved per run: `folioswap
+output; each limit is a `--fraction` of that peak (or `--limit` MiB). Then, interleaved per run: `folioswap
 run --memory-high LIMIT` with default settings, each `--variant` of it, and the kernel:
 the program in a memory cgroup (v1 `memory.limit_in_bytes`, or v2 `memory.max`) with
 zram (lz4) as the only swap device. Under cgroup v1 zram's memory is not charged to the
@@ -178,6 +178,8 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--fraction", type=float, nargs="+", default=[0.5], help="limits as fractions of the peak RSS")
+    ap.add_argument("--limit", nargs="+", default=None, metavar="MIB",
+                    help="limits in MiB instead of --fraction (the peak RSS of one unlimited run varies by a fifth for the dict)")
     ap.add_argument("--variant", action="append", default=[], type=str.split, help="another `folioswap run` configuration to time, e.g. '--swap-file none'")
     ap.add_argument("--sort-mib", type=int, default=400)
     ap.add_argument("--timeout", type=float, default=600, help="seconds after which a limited run is killed (reported as failed)")
@@ -216,8 +218,8 @@ def main():
         for name, argv in programs:
             out = os.path.join(tmp, f"{name}.out")
             wall0, digest0, rss = run_program(argv, out)
-            for fraction in a.fraction:
-                limit = int(rss * fraction) & ~((1 << 20) - 1)
+            limits = [int(m) << 20 for m in a.limit] if a.limit else [int(rss * f) & ~((1 << 20) - 1) for f in a.fraction]
+            for limit in limits:
                 print(f"# {name}: unlimited {wall0:.2f} s, peak RSS {rss >> 20} MiB, limit {limit >> 20} MiB", file=sys.stderr, flush=True)
                 times = {side: [] for side, _ in sides}
                 for i in range(a.runs):
