@@ -720,20 +720,26 @@ fn zero_one_ahead(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSiz
     let Some(s) = e.try_lock() else { return false };
     let bytes = folio.bytes() as u64;
     let takeable = s.kind() == Kind::Untouched && !s.has(PENDING) && !s.has(SPLIT);
-    let installed = takeable
-        && try_charge(mm, Component::Resident, bytes)
-        && match install_zero(mm, table, head, folio, zero_page() as usize) {
+    let installed = takeable && try_charge(mm, Component::Resident, bytes) && {
+        // Counted before the copy maps the folio: its owner may touch it, finish and read
+        // the stats before this thread gets past the copy, and a count must never lag an
+        // access the program has made (the kernel counts a fault before it returns).
+        // Per size, every folio a first touch allocated, as the kernel's count.
+        let (ahead, alloc) = (&mm.counters.vm.zero_ahead, &mm.counters.size(folio).anon_fault_alloc);
+        ahead.inc();
+        alloc.inc();
+        match install_zero(mm, table, head, folio, zero_page() as usize) {
             Ok(0) => true,
             Ok(_) | Err(_) => {
+                ahead.take_back(1);
+                alloc.take_back(1);
                 mm.memcg.uncharge(Component::Resident, bytes);
                 false
             }
-        };
+        }
+    };
     if installed {
         mark_resident(mm, table, head, folio, s, false, false);
-        mm.counters.vm.zero_ahead.inc();
-        // Per size, every folio a first touch allocated, as the kernel's count.
-        mm.counters.size(folio).anon_fault_alloc.inc();
     }
     e.unlock();
     installed

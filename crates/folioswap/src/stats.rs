@@ -27,6 +27,12 @@ impl Counter {
     pub fn inc(&self) {
         self.add(1)
     }
+    /// Undo an `add` made ahead of an action that then failed (counted first so that
+    /// no reader sees the action's effect before its count).
+    #[inline]
+    pub fn take_back(&self, n: u64) {
+        self.0.fetch_sub(n, Ordering::Relaxed);
+    }
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
