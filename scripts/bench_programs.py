@@ -5,7 +5,8 @@ and under the kernel's own swap (zram, lz4) with the same limit, on the same mac
 
 Usage (root): scripts/bench_programs.py [--runs 3] [--only sort|pydict ...] [--fraction 0.5 0.75 | --limit MIB ...]
                                        [--sort-mib 400] [--pydict-n 2500000]
-                                       [--variant '--swap-file none' ...] [--folioswap-arg=--folio=64K ...]
+                                       [--variant '--swap-file none' ...] [--variant 'FOLIOSWAP_FAULT_MODE=signal' ...]
+                                       [--folioswap-arg=--folio=64K ...]
 
 Programs (none written here; the inputs are):
 - `sort`: GNU sort of a file of random lines (`--sort-mib`), `-S` large enough to sort in
@@ -134,12 +135,12 @@ class KernelSwap:
 RUNNING = []
 
 
-def run_program(argv, stdout_path, timeout=None):
+def run_program(argv, stdout_path, timeout=None, env=None):
     """Run `argv` with stdout to `stdout_path`: wall seconds, output digest, peak RSS bytes
     (0 with a `timeout`; past it the program is killed and RuntimeError raised)."""
     start = time.monotonic()
     with open(stdout_path, "wb") as out, tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(argv, stdout=out, stderr=err, start_new_session=True)
+        p = subprocess.Popen(argv, stdout=out, stderr=err, start_new_session=True, env=env)
         RUNNING.append(p)
         try:
             if timeout is None:
@@ -180,7 +181,8 @@ def main():
     ap.add_argument("--fraction", type=float, nargs="+", default=[0.5], help="limits as fractions of the peak RSS")
     ap.add_argument("--limit", nargs="+", default=None, metavar="MIB",
                     help="limits in MiB instead of --fraction (the peak RSS of one unlimited run varies by a fifth for the dict)")
-    ap.add_argument("--variant", action="append", default=[], type=str.split, help="another `folioswap run` configuration to time, e.g. '--swap-file none'")
+    ap.add_argument("--variant", action="append", default=[], type=str.split, help="another `folioswap run` configuration to time, e.g. '--swap-file none'; "
+                    "FOLIOSWAP_NAME=VALUE words set that variable for it, e.g. 'FOLIOSWAP_FAULT_MODE=signal'")
     ap.add_argument("--sort-mib", type=int, default=400)
     ap.add_argument("--timeout", type=float, default=600, help="seconds after which a limited run is killed (reported as failed)")
     ap.add_argument("--pydict-n", type=int, default=2_500_000, help="entries of the pydict program")
@@ -224,12 +226,16 @@ def main():
                 times = {side: [] for side, _ in sides}
                 for i in range(a.runs):
                     for side, extra in sides:
+                        env = None
                         if extra is None:
                             cmd = kernel.command(limit, argv)
                         else:
-                            cmd = [BIN, "run", "--quiet", "--memory-high", str(limit)] + a.folioswap_arg + extra + ["--"] + argv
+                            assigned = [w for w in extra if w.startswith("FOLIOSWAP_") and "=" in w]
+                            env = dict(os.environ, **dict(w.split("=", 1) for w in assigned)) if assigned else None
+                            options = [w for w in extra if w not in assigned]
+                            cmd = [BIN, "run", "--quiet", "--memory-high", str(limit)] + a.folioswap_arg + options + ["--"] + argv
                         try:
-                            wall, digest, _ = run_program(cmd, out, a.timeout)
+                            wall, digest, _ = run_program(cmd, out, a.timeout, env)
                         except RuntimeError as e:
                             # The kernel's hard limit (cgroup v1) OOM-kills where reclaim cannot keep up.
                             print(f"# {name} {side} run {i + 1}: FAILED: {e}", file=sys.stderr, flush=True)
@@ -251,8 +257,8 @@ def main():
         cells = []
         for n in names:
             ok = [x for x in t[n] if x is not None]
-            runs = " / ".join("failed" if x is None else f"{x:.1f}" for x in t[n])
-            cells.append(f"**{statistics.median(ok):.1f}** ({runs})" if len(ok) * 2 > len(t[n]) else f"failed ({runs})")
+            runs = " / ".join("failed" if x is None else f"{x:.2f}" for x in t[n])
+            cells.append(f"**{statistics.median(ok):.2f}** ({runs})" if len(ok) * 2 > len(t[n]) else f"failed ({runs})")
         print(f"| {name} | {rss >> 20} MiB | {limit >> 20} MiB | {wall0:.2f} | " + " | ".join(cells) + " |")
     return 0
 
