@@ -622,7 +622,7 @@ fn split_on_swapin(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSi
 /// A readahead hit: the folio's data is already decompressed (or read) in the readahead
 /// cache; copy it in and free the pool entry or swap slot (`readahead.rs`).
 fn fault_ra_hit(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSize, s: State) -> Step {
-    match install_readahead(mm, table, target, folio, s) {
+    match install_readahead(mm, table, target, folio, s, false) {
         Some(Ok(())) => {
             let distance = mm.lru.distance_since(table.entry(target).evicted_at());
             mm.tiers.note_readahead_hit(LoadedFrom::of(s.kind()), distance, &mm.lru, mm.memcg.limit);
@@ -750,10 +750,9 @@ fn map_copy(mm: &Mm, table: &Arc<FolioTable>, head: usize, folio: FolioSize) -> 
     let e = table.entry(head);
     let Some(s) = e.try_lock() else { return false };
     let takeable = matches!(s.kind(), Kind::Pool | Kind::Swapped) && s.has(CACHED) && !s.has(PENDING) && !s.has(SPLIT);
-    let mapped = takeable && matches!(install_readahead(mm, table, head, folio, s), Some(Ok(())));
+    let mapped = takeable && matches!(install_readahead(mm, table, head, folio, s, true), Some(Ok(())));
     if mapped {
         mark_resident(mm, table, head, folio, s.with(CACHED, false), false, true);
-        mm.counters.vm.swap_ra_mapped.inc();
     }
     e.unlock();
     mapped

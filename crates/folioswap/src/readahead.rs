@@ -375,25 +375,40 @@ pub(crate) fn drain_readahead(mm: &Mm) -> u64 {
     freed
 }
 
-/// A fault found its folio (locked by the caller) read ahead: install the copy, then
-/// free the pool entry or swap slot. `None` if the copy is missing (never expected).
+/// A fault found its folio (locked by the caller) read ahead, or `map_ahead` maps it
+/// before any fault (`ahead`): install the copy, then free the pool entry or swap slot.
+/// `None` if the copy is missing (never expected).
 pub(crate) fn install_readahead(
     mm: &Mm,
     table: &Arc<FolioTable>,
     head: usize,
     folio: FolioSize,
     s: State,
+    ahead: bool,
 ) -> Option<Result<(), InstallError>> {
     let slot = mm.ra.cache.slot_of(table, head)?;
+    // Counted before the copy maps the folio: a copy mapped ahead is one its owner may
+    // touch, finish and read the stats before this thread gets past the copy, and a count
+    // must never lag an access the program has made. Hits first and taken back last, so
+    // that `swap_ra_mapped <= swap_ra_hit` at every instant.
+    let vm = &mm.counters.vm;
+    vm.swap_ra_hit.inc();
+    table.ra.swap_ra_hit.inc();
+    if ahead {
+        vm.swap_ra_mapped.inc();
+    }
     if let Err(err) = install_copy(mm, table, head, folio, mm.staging.addr(slot)) {
+        if ahead {
+            vm.swap_ra_mapped.take_back(1);
+        }
+        table.ra.swap_ra_hit.take_back(1);
+        vm.swap_ra_hit.take_back(1);
         return Some(Err(err));
     }
     let copy = mm.ra.cache.take(table, head, None).expect("the copy is ours under the folio lock");
     mm.tiers.free(s.kind(), table.entry(head).handle(), folio);
     mm.memcg.transfer(Component::SwapCache, Component::Resident, copy.bytes);
     mm.staging.put_filled(copy.slot, copy.huge, &mm.memcg);
-    mm.counters.vm.swap_ra_hit.inc();
-    table.ra.swap_ra_hit.inc();
     if mm.config.vma_ra_enabled {
         table.ra.state.hit();
     } else {
