@@ -54,6 +54,13 @@
 //! and do not bounce one lock and one cache line between CPUs (seed 003's cluster distribution).
 //! For the same reason each cluster is aligned to its own cache line.
 //!
+//! Memory. A cluster costs its cache lines (192 bytes) only from the first use of its chunk of
+//! `CLUSTERS_PER_CHUNK` (`Clusters`): the swap file made on demand may grow to the disk's free
+//! space, tens of GiB here, and a table for all of it written at start cost every process
+//! 4.5 MiB of resident memory outside memory_high before it swapped a page (BENCHMARKS.md,
+//! "What the swap map cost at start"). The free lists still thread every cluster, through
+//! `links` (8 bytes each): a cluster never used is Free and empty, as a new chunk's are.
+//!
 //! Lock order: a cluster lock, then at most one sub-list lock at a time; never two cluster locks.
 //! A cluster is on a list exactly when its state says so, changed only under both its lock and
 //! the sub-list's. Picking from a list (`pick_and_lock`, the kernel's `isolate_lock_cluster`)
@@ -91,7 +98,7 @@
 //! `SlotAllocator` is the interface both offer.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
 
 /// Bytes per slot (one base page).
 pub const SLOT_SIZE: u64 = 4096;
@@ -453,6 +460,50 @@ struct Cluster {
     owner: AtomicU32,
 }
 
+impl Cluster {
+    fn new() -> Cluster {
+        Cluster { state: Mutex::new(ClusterState::EMPTY), owner: AtomicU32::new(0) }
+    }
+}
+
+/// Clusters per chunk of the table: 2 GiB of the file, 192 KiB of table.
+const CLUSTERS_PER_CHUNK: usize = 1024;
+
+/// Every cluster of a map, allocated a chunk at a time at the chunk's first use (module
+/// comment, "Memory"); a cluster reads as `Cluster::new()` until its chunk is there, so the
+/// table behaves as if all of it had been made at start.
+struct Clusters {
+    chunks: Box<[OnceLock<Box<[Cluster]>>]>,
+    len: usize,
+}
+
+impl Clusters {
+    fn new(len: usize) -> Clusters {
+        Clusters { chunks: (0..len.div_ceil(CLUSTERS_PER_CHUNK)).map(|_| OnceLock::new()).collect(), len }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Chunks allocated so far (tests).
+    #[cfg(test)]
+    fn chunks_allocated(&self) -> usize {
+        self.chunks.iter().filter(|chunk| chunk.get().is_some()).count()
+    }
+}
+
+impl std::ops::Index<usize> for Clusters {
+    type Output = Cluster;
+
+    fn index(&self, cluster: usize) -> &Cluster {
+        assert!(cluster < self.len, "cluster {cluster} of {}", self.len);
+        let (chunk, at) = (cluster / CLUSTERS_PER_CHUNK, cluster % CLUSTERS_PER_CHUNK);
+        let first = chunk * CLUSTERS_PER_CHUNK;
+        &self.chunks[chunk].get_or_init(|| (first..self.len.min(first + CLUSTERS_PER_CHUNK)).map(|_| Cluster::new()).collect())[at]
+    }
+}
+
 /// One shard of per-"CPU" state, on its own cache lines.
 #[repr(align(128))]
 struct Shard {
@@ -464,7 +515,7 @@ struct Shard {
 
 /// The scalable slot allocator: a lock per cluster, per-order lists, per-thread current clusters.
 pub struct SwapMap {
-    clusters: Box<[Cluster]>,
+    clusters: Clusters,
     /// `LIST_SHARDS` sub-lists per list, from `ClusterList::index(list) * LIST_SHARDS`.
     lists: Box<[SubList]>,
     links: Box<[Link]>,
@@ -491,7 +542,7 @@ impl SwapMap {
             })
             .collect();
         SwapMap {
-            clusters: (0..clusters).map(|_| Cluster { state: Mutex::new(ClusterState::EMPTY), owner: AtomicU32::new(0) }).collect(),
+            clusters: Clusters::new(clusters),
             lists,
             links,
             shards: (0..NR_SHARDS)
@@ -1361,6 +1412,33 @@ mod tests {
         fn global_lock_map_matches_model(total in map_slots(), ops in prop::collection::vec(op(), 1..200)) {
             run_against_model(&GlobalLockMap::new(total), &ops, &|| ());
         }
+    }
+
+    #[test]
+    fn the_table_is_made_a_chunk_at_a_time_as_clusters_are_used() {
+        // Nine chunks, the last one partial.
+        let clusters = 8 * CLUSTERS_PER_CHUNK + 5;
+        let map = SwapMap::new(clusters as u64 * SLOTS_PER_CLUSTER);
+        assert_eq!(map.clusters.chunks_allocated(), 0, "no chunk before a slot is taken");
+        let page = map.alloc(0).unwrap();
+        assert_eq!(map.clusters.chunks_allocated(), 1, "the first slot makes one chunk");
+        // Every other cluster whole: all chunks exist and act as one table.
+        let mut wholes: Vec<u64> = (1..clusters).map(|_| map.alloc(9).unwrap()).collect();
+        assert_eq!(map.alloc(9), None);
+        assert_eq!(map.clusters.chunks_allocated(), 9);
+        wholes.push(page / SLOTS_PER_CLUSTER * SLOTS_PER_CLUSTER);
+        wholes.sort_unstable();
+        assert_eq!(wholes, (0..clusters as u64).map(|c| c * SLOTS_PER_CLUSTER).collect::<Vec<_>>());
+        map.check_lists();
+        map.free(page, 0);
+        for &first in &wholes[..] {
+            if first != page / SLOTS_PER_CLUSTER * SLOTS_PER_CLUSTER {
+                map.free(first, 9);
+            }
+        }
+        assert_eq!((map.used_slots(), map.free_slots()), (0, clusters as u64 * SLOTS_PER_CLUSTER));
+        map.check_lists();
+        assert_eq!(map.alloc(9).map(|first| first % SLOTS_PER_CLUSTER), Some(0), "freed clusters serve again");
     }
 
     #[test]
