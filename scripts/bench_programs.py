@@ -23,7 +23,10 @@ zram (lz4) as the only swap device. Under cgroup v1 zram's memory is not charged
 cgroup (folioswap's `--swap-file none` is the like setup: the pool outside the limit),
 and the limit is hard: where reclaim cannot keep up the kernel OOM-kills the program
 (reported as "failed", as is a run past `--timeout`). Every run's output must equal the unlimited run's. Medians of
-wall time go to stdout as a Markdown table.
+wall time go to stdout as a Markdown table, then a second one of what the runs that
+finished cost in memory: under folioswap the program's peak RSS (its compressed pool lives
+in it; the swap file is on disk), under the kernel its peak RSS plus the most zram held
+(`mem_used_max`), which the cgroup's limit does not count.
 
 Settings touched for the kernel runs (zram0's size and algorithm, swap on, a cgroup) are
 restored on success, on failure and on Ctrl-C; the script refuses to start if a swap
@@ -39,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 BIN = os.path.abspath("./target/release/folioswap")
@@ -106,8 +110,15 @@ class KernelSwap:
 
     def command(self, limit, argv):
         write(os.path.join(self.cgroup, self.limit_file), limit)
+        # The peak zram holds from here on: what the run stored outside the limit.
+        write(f"{ZRAM}/mem_used_max", 0)
         procs = os.path.join(self.cgroup, "cgroup.procs")
         return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh"] + argv
+
+    def zram_peak(self):
+        """Bytes zram held at most since `command` (compressed data and its allocator's
+        overhead: `mem_used_max` of mm_stat)."""
+        return int(read(f"{ZRAM}/mm_stat").split()[4])
 
     def close(self):
         errors = []
@@ -137,30 +148,35 @@ RUNNING = []
 
 def run_program(argv, stdout_path, timeout=None, env=None):
     """Run `argv` with stdout to `stdout_path`: wall seconds, output digest, peak RSS bytes
-    (0 with a `timeout`; past it the program is killed and RuntimeError raised)."""
+    (the largest of the process and the descendants it waited for, as wait4(2) reports:
+    under `folioswap run`, the program's, its compressed pool included). Past `timeout`
+    the program is killed and RuntimeError raised."""
     start = time.monotonic()
     with open(stdout_path, "wb") as out, tempfile.TemporaryFile() as err:
         p = subprocess.Popen(argv, stdout=out, stderr=err, start_new_session=True, env=env)
         RUNNING.append(p)
+        reaped = []
+        # wait4 in a thread, so that a timeout can kill the run while the exit's rusage
+        # (its peak RSS) is still read by the one wait that reaps it.
+        waiter = threading.Thread(target=lambda: reaped.append(os.wait4(p.pid, 0)), daemon=True)
+        waiter.start()
         try:
-            if timeout is None:
-                _, status, usage = os.wait4(p.pid, 0)
-            else:
-                try:
-                    status, usage = p.wait(timeout), None
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
-                    raise RuntimeError(f"timeout: still running after {timeout} s")
+            waiter.join(timeout)
+            if waiter.is_alive():
+                os.killpg(p.pid, signal.SIGKILL)
+                waiter.join()
+                raise RuntimeError(f"timeout: still running after {timeout} s")
         finally:
+            p.returncode = 0  # reaped by the waiter: Popen must not wait for it again
             RUNNING.remove(p)
         wall = time.monotonic() - start
+        _, status, usage = reaped[0]
         if status != 0:
             err.seek(0)
             raise RuntimeError(f"{' '.join(argv[:4])} ... failed (status {status:#x}): {err.read().decode(errors='replace')[-800:]}")
     with open(stdout_path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
-    return wall, digest, usage.ru_maxrss * 1024 if usage else 0
+    return wall, digest, usage.ru_maxrss * 1024
 
 
 def make_sort_input(path, mib):
@@ -224,6 +240,7 @@ def main():
             for limit in limits:
                 print(f"# {name}: unlimited {wall0:.2f} s, peak RSS {rss >> 20} MiB, limit {limit >> 20} MiB", file=sys.stderr, flush=True)
                 times = {side: [] for side, _ in sides}
+                memory = {side: [] for side, _ in sides}
                 for i in range(a.runs):
                     for side, extra in sides:
                         env = None
@@ -235,7 +252,7 @@ def main():
                             options = [w for w in extra if w not in assigned]
                             cmd = [BIN, "run", "--quiet", "--memory-high", str(limit)] + a.folioswap_arg + options + ["--"] + argv
                         try:
-                            wall, digest, _ = run_program(cmd, out, a.timeout, env)
+                            wall, digest, peak = run_program(cmd, out, a.timeout, env)
                         except RuntimeError as e:
                             # The kernel's hard limit (cgroup v1) OOM-kills where reclaim cannot keep up.
                             print(f"# {name} {side} run {i + 1}: FAILED: {e}", file=sys.stderr, flush=True)
@@ -243,9 +260,15 @@ def main():
                             continue
                         if digest != digest0:
                             raise RuntimeError(f"{name} under {side}: output differs from the unlimited run")
+                        # The memory the run cost: its peak RSS, and for the kernel what
+                        # zram held outside the limit besides (the two peaks may not
+                        # coincide, so their sum bounds the kernel's from above).
+                        if extra is None:
+                            peak += kernel.zram_peak()
                         times[side].append(wall)
-                        print(f"# {name} {side} run {i + 1}: {wall:.2f} s", file=sys.stderr, flush=True)
-                rows.append((name, rss, limit, wall0, times))
+                        memory[side].append(peak)
+                        print(f"# {name} {side} run {i + 1}: {wall:.2f} s, {peak / 2**20:.1f} MiB", file=sys.stderr, flush=True)
+                rows.append((name, rss, limit, wall0, times, memory))
     finally:
         kernel.close()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -253,13 +276,21 @@ def main():
     names = [side for side, _ in sides]
     print("| program | peak RSS | limit | unlimited s | " + " | ".join(f"{n} s (median)" for n in names) + " |")
     print("|---|---|---|---|" + "---|" * len(names))
-    for name, rss, limit, wall0, t in rows:
+    for name, rss, limit, wall0, t, _ in rows:
         cells = []
         for n in names:
             ok = [x for x in t[n] if x is not None]
             runs = " / ".join("failed" if x is None else f"{x:.2f}" for x in t[n])
             cells.append(f"**{statistics.median(ok):.2f}** ({runs})" if len(ok) * 2 > len(t[n]) else f"failed ({runs})")
         print(f"| {name} | {rss >> 20} MiB | {limit >> 20} MiB | {wall0:.2f} | " + " | ".join(cells) + " |")
+    # What each side's finished runs cost in memory: folioswap's peak RSS holds its pool;
+    # the kernel's is its peak RSS plus zram's peak, which lies outside the cgroup's limit.
+    print()
+    print("| program | limit | " + " | ".join(f"{n} peak MiB (median)" for n in names) + " |")
+    print("|---|---|" + "---|" * len(names))
+    for name, _, limit, _, _, m in rows:
+        cells = [f"{statistics.median(m[n]) / 2**20:.1f} ({len(m[n])} runs)" if m[n] else "no run finished" for n in names]
+        print(f"| {name} | {limit >> 20} MiB | " + " | ".join(cells) + " |")
     return 0
 
 
