@@ -12,11 +12,14 @@
 //! it is as small as reclaim allows: limit/128 (at least 256K), while the folios evicted
 //! are small ones that leave in microseconds; up to limit/32 (at least 2M, at most 64M)
 //! while they are 2 MiB folios, each of which frees its memory only once compressed (a
-//! millisecond): then faults would otherwise stall in direct reclaim. The gap is 8 times
-//! the recent mean size of the folios evicted (`note_eviction`), between the two. On a
+//! millisecond): then faults would otherwise stall in direct reclaim. The gap follows the
+//! recent mean size `m` of the folios evicted (`note_eviction`), between the two: `4m(1 +
+//! m/2M)`, 8 times a 2 MiB folio and about 4 times a small one, which leaves faster. On a
 //! 34M limit the smaller gap cut a random-access program's faults by a quarter; a
 //! sequential 2 MiB stream at 512M ran at 60% of its speed with it (BENCHMARKS.md, "A
-//! watermark gap that follows the evictions"). It follows the folio, not the run of
+//! watermark gap that follows the evictions"). At 41M, 4 instead of 8 times a 64 KiB
+//! folio halved the dict program's faults, its working set just over the limit
+//! (BENCHMARKS.md, "A gap of four small folios"). It follows the folio, not the run of
 //! small folios evicted together, unless the run fills a whole 2 MiB batch (a stream's,
 //! which needs the gap a 2 MiB folio does); and a batch of folios taken off the LRU is
 //! never longer than the gap (`evict.rs` `extend_batch`; a 4 KiB victim's cluster is at
@@ -32,6 +35,7 @@
 //! throttles rather than kills. Around fork the engine *suspends* the limit: charges
 //! always succeed and nothing is reclaimed while every swapped folio is brought back.
 
+use crate::size::HUGE_SIZE;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
@@ -222,9 +226,12 @@ impl MemCg {
         self.mean_folio.store(mean - mean / 8 + bytes / 8, Ordering::Relaxed);
     }
 
-    /// How far apart the watermarks are, and the high one from the limit.
+    /// How far apart the watermarks are, and the high one from the limit: `4m(1 + m/2M)`
+    /// for a mean `m` of what evictions freed at a time, 8 times a 2 MiB folio's size,
+    /// about 4 times a small folio's.
     pub fn watermark_gap(&self) -> u64 {
-        (8 * self.mean_folio.load(Ordering::Relaxed)).clamp(self.min_gap, self.max_gap)
+        let mean = self.mean_folio.load(Ordering::Relaxed);
+        (4 * mean + 4 * mean * mean / HUGE_SIZE as u64).clamp(self.min_gap, self.max_gap)
     }
 
     /// Above the high watermark: background reclaim starts.
@@ -406,6 +413,11 @@ mod tests {
         let tiny = MemCg::new(Some(8 << 20), false);
         (0..64).for_each(|_| tiny.note_eviction(2 << 20));
         assert_eq!(tiny.watermark_gap(), 2 << 20);
+        // Small folios leave fast: about four of them, where 2 MiB ones keep eight.
+        let small = MemCg::new(Some(128 << 20), false);
+        (0..256).for_each(|_| small.note_eviction(256 << 10));
+        let gap = small.watermark_gap();
+        assert!(gap > (1 << 20) && gap <= (1 << 20) + (128 << 10), "gap {gap} after 256K folios");
         assert!(!MemCg::new(None, false).above_high(u64::MAX));
     }
 
