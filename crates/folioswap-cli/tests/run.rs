@@ -458,6 +458,23 @@ fn signal_mode_survives_threads_that_block_signals() {
     }
 }
 
+/// Threads that live one round each rewrite managed memory while it swaps (thread mode):
+/// libfolioswap.so registers each one's rseq area at its first allocation and forgets it
+/// at its exit, and the fault threads read it at every fault of a registered thread. Thread
+/// ids come back, thread-local storage is freed and made again, half the threads never
+/// allocate (never registered), and a child forked after every round checks every word.
+#[test]
+fn threads_that_come_and_go_while_swapping_verify_every_word() {
+    let _serial = serial();
+    let prog = test_program("threads_come_and_go");
+    let dir = TempDir::new("threads_come_and_go");
+    let stats = dir.join("stats.json");
+    let run = under(&["--memory-high", "16M", "--folio", "4K"], Some(&stats), &[s(&prog), "48", "8", "4"]);
+    run.assert_success();
+    run.assert_stdout_line("OK 8 rounds, 32 threads, bad words 0");
+    assert!(run.total("pgmajfault") > 10_000, "too few faults to have swapped every round\n{}", run.describe());
+}
+
 /// CPython's bytearray (malloc/realloc) filled, hashed, and the digest compared with a run
 /// without folioswap.
 #[test]

@@ -62,6 +62,7 @@ fn block_len(p: *mut c_void) -> Option<usize> {
 
 #[no_mangle]
 pub extern "C" fn malloc(size: usize) -> *mut c_void {
+    crate::threads::note_current();
     if let Some(p) = managed(size, 0, Origin::Malloc) {
         return p;
     }
@@ -71,6 +72,7 @@ pub extern "C" fn malloc(size: usize) -> *mut c_void {
 
 #[no_mangle]
 pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+    crate::threads::note_current();
     if let Some(total) = n.checked_mul(size) {
         // A new region reads as zeros.
         if let Some(p) = managed(total, 0, Origin::Malloc) {
@@ -92,6 +94,7 @@ pub extern "C" fn free(p: *mut c_void) {
 
 #[no_mangle]
 pub extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    crate::threads::note_current();
     if p.is_null() {
         return malloc(size);
     }

@@ -22,7 +22,9 @@
 //! - `sigmask`: the calls that set signal masks, which keep SIGBUS deliverable in signal
 //!   mode (a thread that blocks it would be killed at its first swap-in);
 //! - `capi`: `folioswap_map` and the rest of the C API;
-//! - `stat_server`: the live counters `folioswap stat` asks each process for.
+//! - `stat_server`: the live counters `folioswap stat` asks each process for;
+//! - `threads`: the program's threads, registered with the engine at their first
+//!   allocation so that a fault thread can read the CPU each one faulted on.
 //!
 //! Why no recursion and no deadlock: the engine maps its own memory with raw system
 //! calls and allocates through `alloc`, so nothing it does comes back here; the library's
@@ -41,6 +43,7 @@ mod sigmask;
 mod stat_server;
 mod state;
 mod syscalls;
+mod threads;
 
 #[global_allocator]
 static HEAP: alloc::LibcHeap = alloc::LibcHeap;

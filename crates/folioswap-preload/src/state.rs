@@ -79,7 +79,7 @@ pub fn init() {
         // A bad setting stops the program now, not at its first large allocation.
         match Config::from_env() {
             Ok(c) if c.fault_mode == engine::FaultMode::Signal => crate::sigmask::signal_mode_on(),
-            Ok(_) => {}
+            Ok(_) => crate::threads::REGISTER_THREADS.store(true, Ordering::Relaxed),
             Err(e) => fatal(&e.to_string()),
         }
         // SAFETY: registers plain extern "C" functions of this library, which stays loaded.
@@ -231,6 +231,7 @@ extern "C" fn fork_child() {
         // The parent's engine and regions are not ours to run or release.
         crate::syscalls::engine_gone();
         crate::stat_server::forget_in_child();
+        within(crate::threads::in_child);
         std::mem::forget(state.engine.take());
         for block in state.blocks.values_mut() {
             std::mem::forget(block.region.take());

@@ -177,8 +177,10 @@ pub(crate) fn fault_thread(mm: Arc<Mm>) {
                 if last.is_some_and(|last| last != tid) && mm.pollers.note_concurrent() {
                     mm.counters.vm.fault_poll_moves.inc();
                 }
+                // Read while the thread is blocked in this fault: where it faulted.
+                let faulted_on = crate::thread_cpu::cpu_of(tid);
                 serve_message(&mm, addr, tid);
-                if mm.pollers.note_served(tid) {
+                if mm.pollers.note_served(tid, faulted_on) {
                     mm.counters.vm.fault_poll_moves.inc();
                 }
                 last = Some(tid);
@@ -832,6 +834,36 @@ pub(crate) fn install_sigbus_handler() {
         };
         CHAINED_SIGBUS.store(Box::into_raw(Box::new(previous)), Ordering::Release);
     });
+}
+
+/// Let the fault threads read which CPU the calling thread faults on (its rseq area,
+/// `thread_cpu.rs`), so that in thread mode the poll token follows the thread at its first
+/// fault from another CPU rather than at the next sample of procfs. Call it from each
+/// thread that touches managed memory, and [`forget_faulting_thread`] before the thread's
+/// thread-local storage is freed (libfolioswap.so does both). False where it cannot: no
+/// rseq area (glibc before 2.35, or registration turned off), or one inside managed
+/// memory (a thread stack the program allocated), which a fault thread must never read.
+pub fn register_faulting_thread() -> bool {
+    let Some(addr) = crate::thread_cpu::current_cpu_id_addr() else { return false };
+    if ADDRESS_MAP.lookup(addr).is_some() {
+        return false;
+    }
+    // SAFETY: gettid(2) takes no arguments and cannot fail.
+    let tid = unsafe { libc::gettid() } as u32;
+    crate::thread_cpu::register(tid, addr);
+    true
+}
+
+/// Thread `tid` is exiting: stop reading its rseq area (see [`register_faulting_thread`]).
+pub fn forget_faulting_thread(tid: u32) {
+    crate::thread_cpu::forget(tid);
+}
+
+/// In a forked child, from the thread that forked (the only one there), before any other
+/// starts: forget every registered thread, the parent's being gone and this one having a
+/// new id (register it again).
+pub fn forget_faulting_threads() {
+    crate::thread_cpu::forget_all_in_child();
 }
 
 /// For a program's `sigaction(SIGBUS, …)` once signal mode's handler is installed: make

@@ -19,8 +19,9 @@
 //!
 //! - primitives: `sys` (raw mappings), `eventfd` (the threads' wakes), `size`, `uffd`
 //!   (the raw ioctls), `smaps`, `config`, `error`, `stats` (counters under the kernel's
-//!   names), `stages` (the sampled stage times of swap-ins and evictions), `trace` (a
-//!   ring of state changes, feature `trace` only);
+//!   names), `stages` (the sampled stage times of swap-ins and evictions), `thread_cpu`
+//!   (the CPU a thread faulted on, from its rseq area), `trace` (a ring of state
+//!   changes, feature `trace` only);
 //! - state, no behaviour beyond its own invariants: `folio` (the state machine),
 //!   `ra_window`, `table` (a region's folio table), `memcg` (charges and watermarks),
 //!   `staging`, `lru`, `reclaim_ctl`, `pollers` (which fault threads poll the
@@ -46,6 +47,7 @@ mod smaps;
 mod stages;
 mod stats;
 mod sys;
+mod thread_cpu;
 #[cfg(feature = "trace")]
 mod trace;
 mod uffd;
@@ -98,7 +100,7 @@ pub mod testing {
 pub use config::{Compressor, Config, FaultMode, LruPolicy, SwapFileSpec, SwapinPolicy, ENV_VARS, PRELOAD_VARS};
 pub use engine::{Engine, Quiesced};
 pub use error::{Error, Result};
-pub use fault::replace_chained_sigbus;
+pub use fault::{forget_faulting_thread, forget_faulting_threads, register_faulting_thread, replace_chained_sigbus};
 pub use fork::ForkGuard;
 pub use kernel_access::{kernel_buffer_probe, prefault_for_kernel, KernelBuffer};
 pub use region::Region;

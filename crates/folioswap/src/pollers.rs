@@ -10,10 +10,15 @@
 //! only the fault thread kept on its CPU polls the userfaultfd (it holds the token); the
 //! others sleep on their own eventfd and on the engine's kick.
 //!
-//! 1. Every `SAMPLE`th fault a fault thread serves while one thread holds the token
-//!    (every `SAMPLE_ALL`th while all poll), the server reads the CPU the faulting thread
-//!    last ran on (`/proc/self/task/TID/stat`: it has not run since it faulted; a read
-//!    costs about 6 µs, 16 with the open).
+//! 1. At every fault of a thread that registered its rseq area (`thread_cpu.rs`;
+//!    libfolioswap.so registers the program's threads), the server reads the CPU the
+//!    thread faulted on, at no cost. For any other thread, every `SAMPLE`th fault a fault
+//!    thread serves while one thread holds the token (every `SAMPLE_ALL`th while all
+//!    poll), the server reads the CPU the faulting thread last ran on
+//!    (`/proc/self/task/TID/stat`: a read costs about 6 µs, 16 with the open). Sampled
+//!    every eighth fault, a thread the scheduler moved was served from the other CPU for
+//!    five to seven faults in a row, each at about three times the cost of one served
+//!    on its own CPU (BENCHMARKS.md, "The token follows at the first fault").
 //! 2. `STREAK` samples in a row from one thread on one CPU: the token goes to the fault
 //!    thread kept there.
 //! 3. The same thread as the sample before, on another CPU: the scheduler moved it (a
@@ -120,10 +125,15 @@ impl Pollers {
         slot.and_then(|s| self.wakes.get(s)).map_or(-1, |fd| fd.as_raw_fd())
     }
 
-    /// A fault of thread `tid` was served. True where the threads that poll changed.
-    pub fn note_served(&self, tid: u32) -> bool {
+    /// A fault of thread `tid` was served; `faulted_on`, the CPU it faulted on where its
+    /// rseq area says (`thread_cpu.rs`), is a sample at no cost, taken at every fault.
+    /// True where the threads that poll changed.
+    pub fn note_served(&self, tid: u32, faulted_on: Option<usize>) -> bool {
         if self.cpus.is_empty() || tid == 0 {
             return false;
+        }
+        if faulted_on.is_some() {
+            return self.note_sample(tid, || faulted_on);
         }
         let period = if self.holder.load(Ordering::Relaxed) == ALL { SAMPLE_ALL } else { SAMPLE };
         // Counted per fault thread: one counter shared by threads on two CPUs would move
@@ -269,6 +279,18 @@ mod tests {
     }
 
     #[test]
+    fn a_cpu_read_at_the_fault_is_a_sample_at_every_fault() {
+        let p = two_cpus();
+        // Served faults that carry the CPU sample each one: the token goes after a streak
+        // of faults, not of every `SAMPLE`th...
+        let moves = (0..=STREAK).filter(|_| p.note_served(7, Some(1))).count();
+        assert_eq!((moves, p.holder()), (1, Some(1)));
+        // ...and follows the thread at its first fault from another CPU.
+        assert!(p.note_served(7, Some(0)));
+        assert_eq!(p.holder(), Some(0));
+    }
+
+    #[test]
     fn another_thread_or_a_concurrent_fault_makes_everyone_poll() {
         let p = held_on_cpu0();
         let mut read = false;
@@ -318,7 +340,7 @@ mod tests {
     #[test]
     fn threads_not_kept_on_cpus_always_poll() {
         let p = Pollers::kept_on(&[Some(0), None]).unwrap();
-        assert!(!(0..10 * STREAK * SAMPLE).any(|_| p.note_served(std::process::id())));
+        assert!(!(0..10 * STREAK * SAMPLE).any(|_| p.note_served(std::process::id(), None)));
         assert!(p.polls(Some(0)) && p.polls(Some(1)) && p.polls(None));
         assert_eq!(p.wake_fd(Some(0)), -1);
         let one = Pollers::kept_on(&[Some(0)]).unwrap();
