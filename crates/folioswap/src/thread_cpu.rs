@@ -113,6 +113,10 @@ pub(crate) fn forget_all_in_child() {
 /// The CPU registered thread `tid` last returned to user space on: for a thread blocked
 /// in a fault, the CPU it faulted on. None for a thread not registered.
 pub(crate) fn cpu_of(tid: u32) -> Option<usize> {
+    // Nobody ever registered (the engine used as a library): no lock to take.
+    if REGISTRY.load(Ordering::Relaxed).is_null() {
+        return None;
+    }
     let registry = registry().read().unwrap();
     let &addr = registry.get(&tid)?;
     // SAFETY: a registered address is that thread's rseq.cpu_id, in its TLS block, which
