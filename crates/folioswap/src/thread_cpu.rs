@@ -78,6 +78,10 @@ fn thread_pointer() -> usize {
         #[cfg(target_arch = "aarch64")]
         std::arch::asm!("mrs {}, tpidr_el0", out(reg) tp, options(nostack, nomem, preserves_flags));
     }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        tp = 0; // Never used: `current_cpu_id_addr` gives up first.
+    }
     tp
 }
 
@@ -146,11 +150,13 @@ mod tests {
         // Pinned to one CPU, the thread returns to user space there: rseq says so. The
         // CPUs tried are the first and last this thread may run on.
         // SAFETY: a zeroed cpu_set_t filled in by the kernel, its size passed.
-        let allowed = unsafe {
+        let before = unsafe {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
             assert_eq!(libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set), 0);
-            (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect::<Vec<_>>()
+            set
         };
+        // SAFETY: CPU_ISSET reads the set within CPU_SETSIZE.
+        let allowed = (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &before) }).collect::<Vec<_>>();
         for cpu in [allowed[0], allowed[allowed.len() - 1]] {
             // SAFETY: a zeroed cpu_set_t with one bit set, its size passed.
             unsafe {
@@ -161,6 +167,8 @@ mod tests {
             std::thread::yield_now();
             assert_eq!(cpu_of(tid), Some(cpu));
         }
+        // SAFETY: the set read above, its size passed: the thread may run where it could.
+        unsafe { assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &before), 0) };
         forget(tid);
         assert_eq!(cpu_of(tid), None, "forgotten");
     }
