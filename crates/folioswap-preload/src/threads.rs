@@ -62,7 +62,8 @@ extern "C" fn forget_at_exit(tid: *mut c_void) {
 /// In a forked child: the parent's other threads are gone, and this one has a new id.
 pub fn in_child() {
     engine::forget_faulting_threads();
-    if REGISTER_THREADS.load(Ordering::Relaxed) && SEEN.with(|seen| seen.get()) {
+    // SEEN is set only where threads are registered at all (`note_current`).
+    if SEEN.with(|seen| seen.get()) {
         register_current();
     }
 }

@@ -188,16 +188,13 @@ impl PoolShare {
         let file_edge = self.file_edge.swap(0, Ordering::Relaxed);
         let share = self.share.load(Ordering::Relaxed);
         let fills_share = edges.filled + 1 >= share;
+        let shrink = near > FILE_COST * pool_edge + EVIDENCE;
         let next = if self.x.load(Ordering::Relaxed) == 0 {
             share // The first window had no edges to count against.
-        } else if near > FILE_COST * pool_edge + EVIDENCE {
-            if fills_share {
-                share.saturating_sub(1).max(MIN_SHARE)
-            } else if self.writeback_frontier() == 0 {
-                edges.filled.max(MIN_SHARE)
-            } else {
-                share
-            }
+        } else if shrink && fills_share {
+            share.saturating_sub(1).max(MIN_SHARE)
+        } else if shrink && self.writeback_frontier() == 0 {
+            edges.filled.max(MIN_SHARE)
         } else if FILE_COST * file_edge > near + EVIDENCE {
             (share + 1).min(MAX_SHARE)
         } else {
@@ -292,11 +289,14 @@ mod tests {
         assert_eq!(full.filled, START_SHARE - 1);
         window(&share, full, &thrash);
         assert_eq!(share.steps(), START_SHARE - 1);
-        // Growing needs no full pool: file faults just past its reach still count.
+        // Growing needs no full pool: file faults just past its reach still count, even
+        // beside faults near the resident edge.
         for _ in 0..3 {
             window(&share, under, &[(LoadedFrom::File, 16_000)]);
         }
         assert_eq!(share.steps(), START_SHARE + 2);
+        window(&share, under, &[(LoadedFrom::File, 16_000), (LoadedFrom::File, 16_000), (LoadedFrom::Pool, 10)]);
+        assert_eq!(share.steps(), START_SHARE + 3);
     }
 
     #[test]

@@ -93,8 +93,19 @@ pub(crate) fn current_cpu_id_addr() -> Option<usize> {
     }
     let addr = thread_pointer().wrapping_add_signed(rseq_offset()?) + CPU_ID_OFFSET;
     // SAFETY: the calling thread's own rseq area, inside its live TLS block.
+    unsafe { read_cpu_id(addr) }.map(|_| addr)
+}
+
+/// The CPU in the `rseq.cpu_id` at `addr`; None for -1 (unregistered) and -2
+/// (registration failed).
+///
+/// # Safety
+/// `addr` must be a live thread's `rseq.cpu_id`, which the kernel writes: the atomic
+/// load reads it whole.
+unsafe fn read_cpu_id(addr: usize) -> Option<usize> {
+    // SAFETY: the caller's promise.
     let cpu = unsafe { (*(addr as *const AtomicU32)).load(Ordering::Relaxed) };
-    (cpu < u32::MAX - 1).then_some(addr)
+    (cpu < u32::MAX - 1).then_some(cpu as usize)
 }
 
 /// Record that thread `tid`'s `cpu_id` is at `addr`, until [`forget`].
@@ -125,9 +136,8 @@ pub(crate) fn cpu_of(tid: u32) -> Option<usize> {
     let &addr = registry.get(&tid)?;
     // SAFETY: a registered address is that thread's rseq.cpu_id, in its TLS block, which
     // stays allocated until its exit removes the entry; the read lock keeps that removal
-    // from interleaving. The kernel writes the field; the atomic load reads it whole.
-    let cpu = unsafe { (*(addr as *const AtomicU32)).load(Ordering::Relaxed) };
-    usize::try_from(cpu).ok().filter(|_| cpu < u32::MAX - 1)
+    // from interleaving.
+    unsafe { read_cpu_id(addr) }
 }
 
 #[cfg(test)]
