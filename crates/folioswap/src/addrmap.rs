@@ -57,6 +57,19 @@ impl AddressMap {
         (addr < entry.end).then(|| (entry.clone(), entry.page + (addr - start) / PAGE_SIZE))
     }
 
+    /// The piece of engine `id` that holds `addr`, or else the first one above it, with
+    /// its start: how the zero scan walks an engine's regions in address order.
+    pub fn next_piece(&self, id: u64, addr: usize) -> Option<(usize, MapEntry)> {
+        let map = self.map.read().unwrap();
+        if let Some((&start, entry)) = map.range(..=addr).next_back() {
+            if addr < entry.end && entry.engine.id == id {
+                return Some((start, entry.clone()));
+            }
+        }
+        let above = (std::ops::Bound::Excluded(addr), std::ops::Bound::Unbounded);
+        map.range(above).find(|(_, entry)| entry.engine.id == id).map(|(&start, entry)| (start, entry.clone()))
+    }
+
     /// Whether a piece whose engine passes `want` overlaps `[start, end)`. Never blocks
     /// and allocates nothing (a signal handler may ask): `None` when the map is being
     /// written or a writer waits for it.

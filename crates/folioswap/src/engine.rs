@@ -322,6 +322,7 @@ impl Engine {
             tiers,
             memcg,
             lru: Lru::default(),
+            zero_scan: Default::default(),
             reclaim: ReclaimCtl::default(),
             counters: Counters::default(),
             ra: Readahead::new(&config),

@@ -34,7 +34,8 @@
 //! - what the paths share: `addrmap`, `gate` (the event gate), `install` (every
 //!   MOVE/COPY), `charge`, `release`;
 //! - the paths: `readahead`, `events` (DONTNEED/munmap/mremap), `evict`, `writeback`,
-//!   `reclaim` (kswapd, direct reclaim), `fault` (do_swap_page);
+//!   `zero_scan` (all-zero folios evicted first), `reclaim` (kswapd, direct reclaim),
+//!   `fault` (do_swap_page);
 //! - the public face: `engine`, `region`, `fork`, `kernel_access` (system calls on
 //!   managed memory when the kernel's faults are not served: user-mode-only
 //!   userfaultfd, signal mode).
@@ -85,6 +86,7 @@ mod fault;
 mod readahead;
 mod reclaim;
 mod writeback;
+mod zero_scan;
 
 mod engine;
 mod fork;

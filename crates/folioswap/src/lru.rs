@@ -127,6 +127,16 @@ impl Lru {
         }
     }
 
+    /// Queue a resident folio at the head of the inactive list, to be evicted next (the
+    /// zero scan's find, `zero_scan.rs`). The entry it already has stays where it is and
+    /// goes stale once the folio leaves (`LruEntry::is_current`).
+    pub fn push_first(&self, table: Arc<FolioTable>, page: usize, folio: FolioSize, gen: u16) {
+        let entry = LruEntry { table, page, order: folio.order() as u8, gen };
+        let mut lists = self.lists.lock().unwrap();
+        lists.inactive_pages += entry.pages();
+        lists.inactive.push_front(entry);
+    }
+
     /// Put a candidate back at the tail (it was busy).
     pub fn requeue(&self, entry: LruEntry) {
         self.lists.lock().unwrap().push_inactive(entry);

@@ -1,7 +1,7 @@
 //! Reclaim: who evicts, and when (memory.high semantics, see `memcg.rs`).
 //!
 //! - `kswapd`, the background reclaimers: asleep under the high watermark, evicting down
-//!   to the low one. With a swap file they are also zswap's shrink worker: they write the
+//!   to the low one, and running the zero scan between evictions (`zero_scan.rs`). With a swap file they are also zswap's shrink worker: they write the
 //!   pool's oldest entries back, a batch at a time, while the pool is over its accept
 //!   threshold.
 //! - `direct_reclaim`, from a fault whose charge would pass memory_high
@@ -16,6 +16,7 @@ use crate::evict::{shrink_one, Reclaimer};
 use crate::mm::{DirectReclaim, Mm, Reclaimed};
 use crate::readahead::drain_readahead;
 use crate::writeback::{writeback_batch, writeback_one, WRITEBACK_BATCH};
+use crate::zero_scan::scan_for_zeros;
 use crate::zswap::CodecScratch;
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
@@ -43,6 +44,9 @@ pub(crate) fn kswapd(mm: Arc<Mm>) {
             continue;
         }
         while !stopping() && mm.memcg.above_low(mm.tiers.pool_bytes()) {
+            if mm.config.zero_scan {
+                scan_for_zeros(&mm);
+            }
             match shrink_one(&mm, &mut scratch, Reclaimer::Kswapd) {
                 Reclaimed::Freed => {}
                 Reclaimed::Busy => std::thread::yield_now(),

@@ -269,6 +269,10 @@ counter_struct!(
         /// Of those, 4 KiB pages evicted with a colder neighbour, in its MOVE
         /// (`evict_cluster`).
         pgsteal_cluster,
+        /// Pages the zero scan read, and those it found all zero and queued first for
+        /// eviction (`zero_scan.rs`).
+        pgscan_zero,
+        pgscan_zero_found,
         /// Times direct reclaim ran, and times a fault waited for reclaim in flight.
         allocstall,
         /// Faults refused because neither memory_high nor the pool cap could be kept.

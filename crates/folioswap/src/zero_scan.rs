@@ -1,0 +1,229 @@
+//! The zero scan: while reclaim runs, resident folios that hold nothing but zeros are
+//! found and put first in line for eviction.
+//!
+//! Programs keep zeroed memory they never use again: the tail of a hash table's entry
+//! array cleared when the table grew, a buffer sized for the worst case, memory calloc'd
+//! ahead. The kernel finds such pages cold by their accessed bits; user space sees none
+//! here, and the LRU holds them wherever they were first written, behind pages the program
+//! still uses. A zero folio is also the cheapest to evict (stored as a marker: no
+//! compression, no pool space) and to bring back (a zero fill). The kernel's THP shrinker
+//! acts on the same fact for the zero-filled pages of underused huge pages
+//! (`thp_underused_split_page`, 6.12).
+//!
+//! So a scanner walks the engine's regions in address order, a chunk at a time from
+//! kswapd, reads each resident folio and queues every all-zero one at the head of the
+//! inactive list (`Lru::push_first`: an extra entry; the one it had goes stale once the
+//! folio leaves). Folios that came in within the last memory_high/16 of evictions are
+//! passed over, as by the eviction cluster: zeros installed ahead of a program's first
+//! touches in sequence (`zero_ahead`) are about to be written, and evicting them cost each
+//! a fault of its own. CPython's dict of 300 000 keys under 41M keeps 1.4 MiB of such zeros
+//! in its table; found, they leave first and the dict's faults halve, though its time falls
+//! only by a few percent: the scan is off by default (`FOLIOSWAP_ZERO_SCAN`; BENCHMARKS.md,
+//! "Zeros leave first").
+//!
+//! **Pacing.** The scanner may read `SCAN_RATIO` pages per page evicted since it last ran
+//! (at most `MAX_RUN` at a time), halved for each full pass over the regions that found
+//! under 1/`FRUITFUL` of what it read zero (down to 1/2^`MAX_BACKOFF` of that), back to the
+//! full ratio after a pass that found more: on memory that is never zero it costs a few
+//! passes, then a sliver.
+//!
+//! **Reading a program's folio.** The folio is locked (no eviction moves it meanwhile) and
+//! the event gate held shared (no REMOVE's zap lands before its event is read, and the
+//! kernel waits for that read); its pages are checked present, and the copy goes through
+//! the kernel (first the first bytes of each page, `sys::read_own_samples`, where data
+//! mostly shows; then the whole folio, `sys::read_own_memory`), so that a page unmapped
+//! meanwhile (a `munmap`,
+//! whose UNMAP event follows the unmapping) ends the copy short instead of faulting: the
+//! reads of copy mode's eviction (`evict.rs` `copy_out`) are made the same way. The
+//! scanner's own state is taken with `try_lock` before anything else, so a second
+//! reclaimer skips the scan rather than waiting for it.
+
+use crate::addrmap::ADDRESS_MAP;
+use crate::folio::{Kind, PENDING, SPLIT};
+use crate::mm::Mm;
+use crate::size::{FolioSize, PAGE_SIZE};
+use crate::table::FolioTable;
+use std::sync::{Arc, Mutex};
+
+/// Pages the scanner may read per page evicted, before backoff.
+const SCAN_RATIO: u64 = 64;
+/// Halvings of the ratio after passes that found (next to) nothing: at most 2^12.
+const MAX_BACKOFF: u32 = 12;
+/// A pass that finds at least 1/64 of what it read zero puts the ratio back up.
+const FRUITFUL: u64 = 64;
+/// Fewest pages worth one run of the scanner (it waits for more credit below this).
+const MIN_RUN: u64 = 64;
+/// Most pages one run reads (a 2 MiB folio counts whole), and most it walks past.
+const MAX_RUN: u64 = 512;
+const MAX_WALK: usize = 8192;
+/// Bytes read at the start of each page before a whole folio is.
+const SAMPLE: usize = 64;
+
+/// Where the scan is and how fast it may go.
+#[derive(Default)]
+pub(crate) struct ZeroScan {
+    state: Mutex<ScanState>,
+}
+
+#[derive(Default)]
+struct ScanState {
+    /// The address the next run starts at (0: a new pass).
+    cursor: usize,
+    /// The eviction clock (`Lru::now`) when the scanner last ran.
+    clock: u32,
+    backoff: u32,
+    /// Pages read in this pass, and of those found zero.
+    read: u64,
+    found: u64,
+    /// Reused copy buffer.
+    buf: Vec<u8>,
+}
+
+/// Run the scanner for as long as the evictions since its last run allow; returns the
+/// pages it found zero and queued first.
+pub(crate) fn scan_for_zeros(mm: &Mm) -> u64 {
+    let Ok(mut st) = mm.zero_scan.state.try_lock() else { return 0 };
+    let now = mm.lru.now();
+    let credit = ((now.wrapping_sub(st.clock) as u64) * SCAN_RATIO) >> st.backoff;
+    if credit < MIN_RUN {
+        return 0;
+    }
+    st.clock = now;
+    run(mm, &mut st, credit.min(MAX_RUN))
+}
+
+/// Read up to `budget` pages of resident folios from the cursor on.
+fn run(mm: &Mm, st: &mut ScanState, budget: u64) -> u64 {
+    let (mut read, mut found, mut walked) = (0u64, 0u64, 0usize);
+    let mut wrapped = false;
+    while read < budget && walked < MAX_WALK {
+        let Some((start, piece)) = ADDRESS_MAP.next_piece(mm.id, st.cursor) else {
+            // Past the last region: the pass is over. One that found zeros in under
+            // 1/`FRUITFUL` of what it read (a page zeroed here and there) counts as fruitless.
+            st.backoff = if st.found * FRUITFUL >= st.read.max(1) { 0 } else { (st.backoff + 1).min(MAX_BACKOFF) };
+            (st.read, st.found) = (0, 0);
+            st.cursor = 0;
+            if wrapped {
+                break;
+            }
+            wrapped = true;
+            continue;
+        };
+        let table = &piece.table;
+        let from = st.cursor.max(start);
+        let page = piece.page + (from - start) / PAGE_SIZE;
+        let last = piece.page + (piece.end - start) / PAGE_SIZE;
+        let head = table.head_of(page);
+        let split = table.folio.order() == 0 || table.entry(head).load().has(SPLIT);
+        let (target, folio) = if split { (page, FolioSize::K4) } else { (head, table.folio) };
+        let next = target + folio.pages();
+        walked += folio.pages();
+        // A folio that begins before this piece or runs past it (the region was moved in
+        // parts) is left alone.
+        if target >= piece.page && next <= last && !table.dead.load(std::sync::atomic::Ordering::Relaxed) {
+            match check_folio(mm, table, target, folio, &mut st.buf) {
+                Checked::Skipped => {}
+                Checked::Data => read += folio.pages() as u64,
+                Checked::Zero => {
+                    read += folio.pages() as u64;
+                    found += folio.pages() as u64;
+                }
+            }
+        }
+        st.cursor = start + (next.min(last) - piece.page) * PAGE_SIZE;
+    }
+    st.read += read;
+    st.found += found;
+    let vm = &mm.counters.vm;
+    vm.pgscan_zero.add(read);
+    vm.pgscan_zero_found.add(found);
+    found
+}
+
+enum Checked {
+    /// Not resident, busy, or not readable now.
+    Skipped,
+    Data,
+    /// All zero: queued at the head of the inactive list.
+    Zero,
+}
+
+/// Lock the folio at `target`; if it is resident, read it and queue it first if it is all
+/// zero.
+fn check_folio(mm: &Mm, table: &Arc<FolioTable>, target: usize, folio: FolioSize, buf: &mut Vec<u8>) -> Checked {
+    let e = table.entry(target);
+    if e.load().kind() != Kind::Resident {
+        return Checked::Skipped;
+    }
+    // A folio that came in lately is left alone, as by the eviction cluster (`evict.rs`
+    // `cluster_neighbours`): zeros installed ahead of a program's first touches in sequence
+    // (`fault.rs` `zero_ahead`) are about to be written.
+    let young = mm.memcg.limit.unwrap_or(u64::MAX) / PAGE_SIZE as u64 / 16;
+    if mm.lru.distance_since(e.installed_at()) < young {
+        return Checked::Skipped;
+    }
+    let Some(s) = e.try_lock() else { return Checked::Skipped };
+    let current = s.kind() == Kind::Resident && !s.has(PENDING) && (folio.order() == 0 || !s.has(SPLIT));
+    let checked = if current {
+        match read_folio(mm, table, target, folio, buf) {
+            Some(true) => {
+                mm.lru.push_first(table.clone(), target, folio, s.gen());
+                Checked::Zero
+            }
+            Some(false) => Checked::Data,
+            None => Checked::Skipped,
+        }
+    } else {
+        Checked::Skipped
+    };
+    e.unlock();
+    checked
+}
+
+/// Whether the locked resident folio at `target` is all zero; `None` where it cannot be
+/// read now (moved, unmapped, a page not present).
+fn read_folio(mm: &Mm, table: &FolioTable, target: usize, folio: FolioSize, buf: &mut Vec<u8>) -> Option<bool> {
+    let _gate = mm.gate.read().unwrap();
+    let addr = table.folio_addr(target, folio.pages())?;
+    let len = folio.bytes();
+    if !mm.staging.all_present(addr, len) {
+        return None;
+    }
+    // The first bytes of each page first: most pages that hold data show it there, and a
+    // 2 MiB folio is then rejected for 512 small reads instead of a 2 MiB copy.
+    let sampled = folio.pages() * SAMPLE;
+    buf.resize(len.max(sampled), 0);
+    // SAFETY: `buf` holds at least `sampled` bytes this thread owns, no reference into it alive.
+    let got = unsafe { crate::sys::read_own_samples(buf.as_mut_ptr() as usize, addr, len, PAGE_SIZE, SAMPLE) };
+    if got != sampled {
+        return None;
+    }
+    if !is_zero(&buf[..sampled]) {
+        return Some(false);
+    }
+    // SAFETY: as above, `len` bytes.
+    let copied = unsafe { crate::sys::read_own_memory(buf.as_mut_ptr() as usize, addr, len) };
+    (copied == len).then(|| is_zero(&buf[..len]))
+}
+
+fn is_zero(data: &[u8]) -> bool {
+    // SAFETY: any byte sequence is a valid u64 sequence; align_to only reinterprets.
+    let (prefix, words, suffix) = unsafe { data.align_to::<u64>() };
+    prefix.iter().all(|&b| b == 0) && words.iter().all(|&w| w == 0) && suffix.iter().all(|&b| b == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_zero;
+
+    #[test]
+    fn a_single_set_byte_anywhere_makes_a_folio_data() {
+        let mut page = vec![0u8; 4096 + 3];
+        assert!(is_zero(&page[1..]));
+        for at in [1, 8, 4095, 4096 + 2] {
+            page[at] = 1;
+            assert!(!is_zero(&page[1..]), "a byte at {at}");
+            page[at] = 0;
+        }
+    }
+}
