@@ -43,6 +43,7 @@ use crate::folio::{Kind, PENDING, SPLIT};
 use crate::mm::Mm;
 use crate::size::{FolioSize, PAGE_SIZE};
 use crate::table::FolioTable;
+use crate::zswap::is_zero;
 use std::sync::{Arc, Mutex};
 
 /// Pages the scanner may read per page evicted, before backoff.
@@ -206,15 +207,9 @@ fn read_folio(mm: &Mm, table: &FolioTable, target: usize, folio: FolioSize, buf:
     (copied == len).then(|| is_zero(&buf[..len]))
 }
 
-fn is_zero(data: &[u8]) -> bool {
-    // SAFETY: any byte sequence is a valid u64 sequence; align_to only reinterprets.
-    let (prefix, words, suffix) = unsafe { data.align_to::<u64>() };
-    prefix.iter().all(|&b| b == 0) && words.iter().all(|&w| w == 0) && suffix.iter().all(|&b| b == 0)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::is_zero;
+    use crate::zswap::is_zero;
 
     #[test]
     fn a_single_set_byte_anywhere_makes_a_folio_data() {

@@ -55,7 +55,8 @@ pub(crate) struct Zswap {
     pub codec: Codec,
 }
 
-fn is_zero(data: &[u8]) -> bool {
+/// Whether every byte of `data` is zero.
+pub(crate) fn is_zero(data: &[u8]) -> bool {
     // Word-wise scan; most folios fail on the first word, all-zero ones are rare but cheap.
     let (prefix, words, suffix) = {
         // SAFETY: any byte sequence is a valid u64 sequence; align_to only reinterprets.
