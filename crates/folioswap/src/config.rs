@@ -282,9 +282,9 @@ pub struct Config {
     /// (`pool_bypass.rs`).
     pub pool_bypass: bool,
     /// While reclaim runs, read resident folios and evict the all-zero ones first
-    /// (`zero_scan.rs`). Off by default: it halved the faults of a CPython dict at 0.8 of
-    /// its footprint but gained it only a few percent of time, and on memory that is never
-    /// zero it costs reads (BENCHMARKS.md, "Zeros leave first").
+    /// (`zero_scan.rs`). Off by default: it cut the faults of a CPython dict at 0.8 of its
+    /// footprint by 40-55% but gained it no time measurable here, and on memory that is
+    /// never zero it costs reads (BENCHMARKS.md, "Zeros leave first").
     pub zero_scan: bool,
     /// Order-0 swap slots a thread caches, allocated and returned in batches of this many
     /// (the kernel's per-CPU swap slot cache); 0 turns the caches off.

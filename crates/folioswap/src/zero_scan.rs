@@ -17,8 +17,8 @@
 //! passed over, as by the eviction cluster: zeros installed ahead of a program's first
 //! touches in sequence (`zero_ahead`) are about to be written, and evicting them cost each
 //! a fault of its own. CPython's dict of 300 000 keys under 41M keeps 1.4 MiB of such zeros
-//! in its table; found, they leave first and the dict's faults halve, though its time falls
-//! only by a few percent: the scan is off by default (`FOLIOSWAP_ZERO_SCAN`; BENCHMARKS.md,
+//! in its table; found, they leave first and the dict's faults fall by 40-55%, though its
+//! time not measurably: the scan is off by default (`FOLIOSWAP_ZERO_SCAN`; BENCHMARKS.md,
 //! "Zeros leave first").
 //!
 //! **Pacing.** The scanner may read `SCAN_RATIO` pages per page evicted since it last ran
