@@ -122,19 +122,18 @@ fn run(mm: &Mm, st: &mut ScanState, budget: u64) -> u64 {
         // A folio that begins before this piece or runs past it (the region was moved in
         // parts) is left alone.
         if target >= piece.page && next <= last && !table.dead.load(std::sync::atomic::Ordering::Relaxed) {
-            match check_folio(mm, table, target, folio, &mut st.buf) {
-                Checked::Skipped => {}
-                Checked::Data => read += folio.pages() as u64,
-                Checked::Zero => {
-                    read += folio.pages() as u64;
-                    found += folio.pages() as u64;
-                }
-            }
+            let pages = folio.pages() as u64;
+            let (r, f) = match check_folio(mm, table, target, folio, &mut st.buf) {
+                Checked::Skipped => (0, 0),
+                Checked::Data => (pages, 0),
+                Checked::Zero => (pages, pages),
+            };
+            (read, found) = (read + r, found + f);
+            // The pass's own totals, which judge it at its end.
+            (st.read, st.found) = (st.read + r, st.found + f);
         }
         st.cursor = start + (next.min(last) - piece.page) * PAGE_SIZE;
     }
-    st.read += read;
-    st.found += found;
     let vm = &mm.counters.vm;
     vm.pgscan_zero.add(read);
     vm.pgscan_zero_found.add(found);
