@@ -24,8 +24,8 @@
 //!   changes, feature `trace` only);
 //! - state, no behaviour beyond its own invariants: `folio` (the state machine),
 //!   `ra_window`, `table` (a region's folio table), `memcg` (charges and watermarks),
-//!   `staging`, `lru`, `reclaim_ctl`, `pollers` (which fault threads poll the
-//!   userfaultfd), `event_queue`, `own_zaps`, `ra_cache`, `zswap/` (the pool), `seal`
+//!   `staging`, `lru`, `reclaim_ctl`, `zero_pace` (the zero scan's place and pace),
+//!   `pollers` (which fault threads poll the userfaultfd), `event_queue`, `own_zaps`, `ra_cache`, `zswap/` (the pool), `seal`
 //!   (page encryption), `swapfile/` (the swap file, `--encrypt`), `remote` (a Redis/Valkey
 //!   cluster in the swap file's place), `pool_share` (how much of the limit a charged
 //!   pool holds), `pool_bypass` (when the pool only passes folios through to the file),
@@ -70,6 +70,7 @@ mod staging;
 pub mod swapfile;
 mod table;
 mod tier;
+mod zero_pace;
 mod zswap;
 
 mod mm;

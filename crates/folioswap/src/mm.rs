@@ -23,7 +23,7 @@
 //!
 //! | # | lock | protects | rule |
 //! |---|---|---|---|
-//! | 0 | `zero_scan` state (`zero_scan.rs`) | the zero scan's cursor and pace | taken only with `try_lock`, before anything else |
+//! | 0 | `zero_scan` state (`zero_pace.rs`) | the zero scan's cursor and pace | taken only with `try_lock`, before anything else |
 //! | 1 | folio lock (`PageEntry` LOCKED bit, `folio.rs`) | the folio's state, handle and storage | one taken blocking at a time; more only with `try_lock` (eviction batches, readahead, victim picking), or the tail pages of a folio whose head is held, ascending (split) |
 //! | 2 | `gate` (read) | the address of every page: no event is read while an ioctl maps a page | held across each MOVE/COPY into or out of a region; dropped before `gate::pump_events` |
 //! | 2 | `gate` (write) | reading the userfaultfd and marking events; changing the address map | never waits for a folio lock (marking sets PENDING without it) |
@@ -52,7 +52,7 @@ use crate::staging::Staging;
 use crate::stats::Counters;
 use crate::tier::Tiers;
 use crate::uffd::{InstallMode, Uffd};
-use crate::zero_scan::ZeroScan;
+use crate::zero_pace::ZeroScan;
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
@@ -75,7 +75,7 @@ pub(crate) struct Mm {
     pub tiers: Tiers,
     pub memcg: MemCg,
     pub lru: Lru,
-    /// Where the zero scan is and how fast it may go (`zero_scan.rs`).
+    /// Where the zero scan is and how fast it may go (`zero_pace.rs`).
     pub zero_scan: ZeroScan,
     pub reclaim: ReclaimCtl,
     pub counters: Counters,

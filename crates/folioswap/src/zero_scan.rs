@@ -21,11 +21,9 @@
 //! time not measurably: the scan is off by default (`FOLIOSWAP_ZERO_SCAN`; BENCHMARKS.md,
 //! "Zeros leave first").
 //!
-//! **Pacing.** The scanner may read `SCAN_RATIO` pages per page evicted since it last ran
-//! (at most `MAX_RUN` at a time), halved for each full pass over the regions that found
-//! under 1/`FRUITFUL` of what it read zero (down to 1/2^`MAX_BACKOFF` of that), back to the
-//! full ratio after a pass that found more: on memory that is never zero it costs a few
-//! passes, then a sliver.
+//! **Pacing** (`zero_pace.rs`): 64 pages read per page evicted since the scanner last ran,
+//! halved for each full pass that found next to no zeros, back up after one that found
+//! some.
 //!
 //! **Reading a program's folio.** The folio is locked (no eviction moves it meanwhile) and
 //! the event gate held shared (no REMOVE's zap lands before its event is read, and the
@@ -43,54 +41,21 @@ use crate::folio::{Kind, PENDING, SPLIT};
 use crate::mm::Mm;
 use crate::size::{FolioSize, PAGE_SIZE};
 use crate::table::FolioTable;
+use crate::zero_pace::ScanState;
 use crate::zswap::is_zero;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-/// Pages the scanner may read per page evicted, before backoff.
-const SCAN_RATIO: u64 = 64;
-/// Halvings of the ratio after passes that found (next to) nothing: at most 2^12.
-const MAX_BACKOFF: u32 = 12;
-/// A pass that finds at least 1/64 of what it read zero puts the ratio back up.
-const FRUITFUL: u64 = 64;
-/// Fewest pages worth one run of the scanner (it waits for more credit below this).
-const MIN_RUN: u64 = 64;
-/// Most pages one run reads (a 2 MiB folio counts whole), and most it walks past.
-const MAX_RUN: u64 = 512;
+/// Most folio pages one run walks past (resident or not).
 const MAX_WALK: usize = 8192;
 /// Bytes read at the start of each page before a whole folio is.
 const SAMPLE: usize = 64;
 
-/// Where the scan is and how fast it may go.
-#[derive(Default)]
-pub(crate) struct ZeroScan {
-    state: Mutex<ScanState>,
-}
-
-#[derive(Default)]
-struct ScanState {
-    /// The address the next run starts at (0: a new pass).
-    cursor: usize,
-    /// The eviction clock (`Lru::now`) when the scanner last ran.
-    clock: u32,
-    backoff: u32,
-    /// Pages read in this pass, and of those found zero.
-    read: u64,
-    found: u64,
-    /// Reused copy buffer.
-    buf: Vec<u8>,
-}
-
 /// Run the scanner for as long as the evictions since its last run allow; returns the
 /// pages it found zero and queued first.
 pub(crate) fn scan_for_zeros(mm: &Mm) -> u64 {
-    let Ok(mut st) = mm.zero_scan.state.try_lock() else { return 0 };
-    let now = mm.lru.now();
-    let credit = ((now.wrapping_sub(st.clock) as u64) * SCAN_RATIO) >> st.backoff;
-    if credit < MIN_RUN {
-        return 0;
-    }
-    st.clock = now;
-    run(mm, &mut st, credit.min(MAX_RUN))
+    let Some(mut st) = mm.zero_scan.try_take() else { return 0 };
+    let Some(budget) = st.budget(mm.lru.now()) else { return 0 };
+    run(mm, &mut st, budget)
 }
 
 /// Read up to `budget` pages of resident folios from the cursor on.
@@ -99,11 +64,8 @@ fn run(mm: &Mm, st: &mut ScanState, budget: u64) -> u64 {
     let mut wrapped = false;
     while read < budget && walked < MAX_WALK {
         let Some((start, piece)) = ADDRESS_MAP.next_piece(mm.id, st.cursor) else {
-            // Past the last region: the pass is over. One that found zeros in under
-            // 1/`FRUITFUL` of what it read (a page zeroed here and there) counts as fruitless.
-            st.backoff = if st.found * FRUITFUL >= st.read.max(1) { 0 } else { (st.backoff + 1).min(MAX_BACKOFF) };
-            (st.read, st.found) = (0, 0);
-            st.cursor = 0;
+            // Past the last region: the pass is over.
+            st.end_pass();
             if wrapped {
                 break;
             }
@@ -129,8 +91,7 @@ fn run(mm: &Mm, st: &mut ScanState, budget: u64) -> u64 {
                 Checked::Zero => (pages, pages),
             };
             (read, found) = (read + r, found + f);
-            // The pass's own totals, which judge it at its end.
-            (st.read, st.found) = (st.read + r, st.found + f);
+            st.count(r, f);
         }
         st.cursor = start + (next.min(last) - piece.page) * PAGE_SIZE;
     }
