@@ -182,8 +182,22 @@ fn a_dead_process_share_is_taken_back() {
     // and takes back the dead process's share; filling 40 MiB gets there.
     fill(&mut r, 2);
     check(&r, 2);
-    let shared = e.stats().memory.shared_charged_bytes.unwrap();
-    assert!(shared <= 32 << 20, "shared charge {shared} over the limit");
+    // Under quiesce, as in the other tests that compare a charge with the limit: work in
+    // flight (an eviction, a staging slot charged again as it is put back) can hold
+    // charges that a snapshot reads over it. Unquiesced, this one read 256K over about
+    // once in 60 runs (CI failed on it); quiesced, 0 in 150.
+    let stats = {
+        let _still = e.quiesce();
+        e.stats()
+    };
+    let shared = stats.memory.shared_charged_bytes.unwrap();
+    assert!(
+        shared <= 32 << 20,
+        "shared charge {shared} over the limit (own {}, overruns {}, memory {:?})",
+        stats.memory.charged_bytes,
+        stats.vm.memory_high_overrun,
+        stats.memory
+    );
     drop((r, e));
     std::fs::remove_dir_all(&dir).unwrap();
 }
