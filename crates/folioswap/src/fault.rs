@@ -43,7 +43,7 @@ use crate::mm::Mm;
 use crate::pool_share::LoadedFrom;
 use crate::ra_cache::RaRequest;
 use crate::ra_window::swapin_whole;
-use crate::readahead::{install_readahead, readahead_after_fault, start_readahead, swapin_from_file, SWAPIN_READ_MAX};
+use crate::readahead::{install_readahead, plan_file_siblings, readahead_after_fault, start_readahead, swapin_from_file, SWAPIN_READ_MAX};
 use crate::release::{release_after_install, release_staged};
 use crate::size::{FolioSize, PAGE_SIZE};
 use crate::stages::{self, Stage};
@@ -265,13 +265,18 @@ fn handle_fault_timed(mm: &Arc<Mm>, addr: usize) -> FaultOutcome {
                 let ns = start.elapsed().as_nanos() as u64;
                 mm.counters.fault_latency[folio.index()].record(ns);
                 mm.counters.swapin_latency[hit as usize].record(ns);
-                // A split folio's pages are not read ahead: the window is in folios.
+                // A split folio's pages are not read ahead by the window, which is in folios;
+                // a second miss in a 64 KiB block reads the block's pages on the swap file.
                 if folio == entry.table.folio {
                     // The window moves on from the last copy mapped, as if it had faulted.
                     let last = if hit { map_ahead(mm, &entry.table, head, folio) } else { head };
                     match planned {
                         Some(rest) => rest.into_iter().for_each(|request| start_readahead(mm, request)),
                         None => readahead_after_fault(mm, &entry.table, last, folio, hit),
+                    }
+                } else if !hit {
+                    if let Some(request) = plan_file_siblings(mm, &entry.table, head) {
+                        start_readahead(mm, request);
                     }
                 }
                 if !hit {

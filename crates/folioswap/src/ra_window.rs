@@ -177,6 +177,10 @@ pub(crate) struct RegionRa {
     pub swap_ra_waste: Counter,
     /// The region's run of first touches (`fault.rs` `zero_ahead`).
     pub touches: TouchRun,
+    /// The 64 KiB block of the last page of a split folio swapped in, plus one (0: none):
+    /// a second miss in the same block reads the block's pages on the file
+    /// (`readahead.rs` `plan_file_siblings`).
+    pub last_piece_block: AtomicU64,
 }
 
 impl RegionRa {

@@ -10,7 +10,9 @@
 //!    hand them to the helper thread (`ra_async`, the default) or read them here. A miss
 //!    whose folio is on the swap file plans earlier, before its own read:
 //!    `swapin_from_file` reads the window's neighbours on the file in the same call as
-//!    the fault's folio and leaves only those in the pool for after the wake;
+//!    the fault's folio and leaves only those in the pool for after the wake. A page of a
+//!    split folio has no window: its second miss in a row in a 64 KiB block plans the
+//!    block's pages on the file instead (`plan_file_siblings`);
 //! 2. `read_ahead`: lock and stage each candidate without waiting (`prepare_readahead`:
 //!    `try_lock`, charge, a free staging slot, or skip it), decompress the pool's, read
 //!    the file's in slot order with one `preadv` per contiguous run, publish each as
@@ -50,7 +52,7 @@ use crate::memcg::Component;
 use crate::mm::Mm;
 use crate::ra_cache::RaRequest;
 use crate::ra_window::{per_block, vma_window};
-use crate::size::FolioSize;
+use crate::size::{FolioSize, PAGE_SIZE};
 use crate::staging::{Slot, Taken};
 use crate::table::FolioTable;
 use crate::tier::{LoadError, SwapHandle, Tiers};
@@ -98,6 +100,47 @@ pub(crate) fn start_readahead(mm: &Mm, request: RaRequest) {
     } else {
         read_ahead(mm, &request);
     }
+}
+
+/// Sibling reads stop in a region once more than one copy in `WASTE_PER_HIT` read ahead
+/// there went unused, after a trial of `SIBLING_TRIAL` hits' worth.
+const WASTE_PER_HIT: u64 = 16;
+const SIBLING_TRIAL: u64 = 64;
+
+/// A page of a split folio missed (`page`, unlocked): on the second miss in a row in its
+/// 64 KiB block, the block's other pages on the swap file, to be read ahead together (the
+/// window does not read pages of split folios: it counts in folios). A file read costs
+/// the disk's latency whatever its length up to 64 KiB: CPython's teardown faulted 273
+/// pages of about 20 split 64 KiB folios from the file, one 4 KiB read each, about 13 a
+/// folio (BENCHMARKS.md, "The swap file at teardown"). Pages in the pool are left: a
+/// fault decompresses one in microseconds.
+pub(crate) fn plan_file_siblings(mm: &Mm, table: &Arc<FolioTable>, page: usize) -> Option<RaRequest> {
+    if mm.config.page_cluster == 0 || mm.tiers.file.is_none() {
+        return None;
+    }
+    // Not where copies go unused: each costs a read, and memory that evicts another page.
+    let ra = &table.ra;
+    if ra.swap_ra_waste.get() * WASTE_PER_HIT > ra.swap_ra_hit.get() + SIBLING_TRIAL {
+        return None;
+    }
+    // A 2 MiB folio's pages on the file are as many reads as its runs of slots: the block
+    // stays 64 KiB, so that the faulting thread's next fault never queues behind more.
+    let block = table.folio.pages().min(SWAPIN_READ_MAX / PAGE_SIZE);
+    let first = page & !(block - 1);
+    // Only on a second miss: read on every miss, sort's merges (one page of a folio, then
+    // elsewhere) left a third of the copies unused and ran 15% slower at 0.6 of its footprint.
+    if ra.last_piece_block.swap(first as u64 + 1, Ordering::Relaxed) != first as u64 + 1 {
+        return None;
+    }
+    let folios: Vec<_> = (first..first + block)
+        .filter(|&p| p != page)
+        .filter(|&p| {
+            let s = table.entry(p).load();
+            s.kind() == Kind::Swapped && wants_readahead(s, FolioSize::K4)
+        })
+        .map(|p| (table.clone(), p))
+        .collect();
+    (!folios.is_empty()).then_some(RaRequest { folios, folio: FolioSize::K4, stride: false })
 }
 
 /// The neighbours of a swap-in at `head` worth reading ahead, and the region's window

@@ -216,8 +216,9 @@ fn unmap(mm: &Mm, table: &Arc<FolioTable>) {
             for page in head..head + folio.pages() {
                 let pe = table.entry(page);
                 let ps = pe.lock();
+                forget_readahead(mm, table, page);
                 drop_storage(mm, ps.kind(), pe.handle(), FolioSize::K4, ps.has(WRITEBACK));
-                pe.set_locked(ps.with_kind(Kind::Gone).with(WRITEBACK, false));
+                pe.set_locked(ps.with_kind(Kind::Gone).with(WRITEBACK, false).with(CACHED, false));
                 pe.clear_locked(PENDING);
                 pe.unlock();
             }

@@ -319,6 +319,59 @@ fn cut_partly_resident_folios_file() {
     cut_partly_resident_folios(Tier::File);
 }
 
+/// Wait for the engine's threads to bring about `done`; a minute without it fails with `what`.
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "not within a minute: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// A miss on a page of a split folio on the swap file reads that page alone; a second
+/// miss in the same 64 KiB block reads the block's other pages on the file ahead, and
+/// faults there take the copies. Every word checked.
+#[test]
+fn a_second_miss_in_a_block_reads_its_siblings_on_the_file() {
+    let e = engine(Tier::File, InstallMode::Move, SwapinPolicy::Never);
+    let s = Shadowed::new(&e, 64 * MIB, false);
+    for page in 0..s.pages() {
+        s.write(page, 1);
+    }
+    // Room for the copies, which are charged and never reclaim: the newest 32 MiB go.
+    let newest = s.pages() / 2;
+    // SAFETY: the range lies inside the region; DONTNEED makes it read back as zeros.
+    assert_eq!(unsafe { libc::madvise(s.words(newest) as *mut libc::c_void, 32 * MIB, libc::MADV_DONTNEED) }, 0);
+    (newest..s.pages()).for_each(|p| s.versions[p].store(ZERO, Ordering::Relaxed));
+    wait_until("usage under half the limit after the discard", || e.stats().memory.charged_bytes < 8 * MIB as u64);
+    // A block in the middle of a folio stored in pieces on the file (some folios are
+    // still in the 256K pool, or come back whole): the first whose page comes back alone
+    // from the file.
+    let (block, first) = (0..newest / FOLIO_PAGES)
+        .find_map(|f| {
+            let page = f * FOLIO_PAGES + FOLIO_PAGES / 2;
+            let before = e.stats();
+            s.check(page).unwrap();
+            let first = e.stats();
+            let alone = first.vm.pswpin == before.vm.pswpin + 1 && first.vm.thp_swpin == before.vm.thp_swpin;
+            if alone {
+                assert_eq!(first.vm.swap_ra, before.vm.swap_ra, "a first miss read ahead: {:?}", first.vm);
+            }
+            alone.then_some((page, first))
+        })
+        .expect("no folio's page came back alone from the file");
+    s.check(block + 1).unwrap();
+    wait_until("the block's pages read ahead", || e.stats().vm.swap_ra > first.vm.swap_ra);
+    let read = e.stats().vm.swap_ra - first.vm.swap_ra;
+    for page in block + 2..block + 16 {
+        s.check(page).unwrap();
+    }
+    let after = e.stats();
+    assert!(after.vm.swap_ra_hit > first.vm.swap_ra_hit, "{read} pages read ahead, none taken: {:?}", after.vm);
+    assert_partial(&after, Tier::File, "siblings");
+    s.check_all();
+}
+
 /// `always` keeps today's whole-folio swap-in: no folio is split by a fault.
 #[test]
 fn always_brings_whole_folios_back() {
