@@ -115,7 +115,8 @@ const SIBLING_TRIAL: u64 = 64;
 /// folio (BENCHMARKS.md, "The swap file at teardown"). Pages in the pool are left: a
 /// fault decompresses one in microseconds.
 pub(crate) fn plan_file_siblings(mm: &Mm, table: &Arc<FolioTable>, page: usize) -> Option<RaRequest> {
-    if mm.config.page_cluster == 0 || mm.tiers.file.is_none() {
+    // Virtual neighbours, so only in the mode that reads by them (`vma_ra_enabled`).
+    if mm.config.page_cluster == 0 || !mm.config.vma_ra_enabled || mm.tiers.file.is_none() {
         return None;
     }
     // Not where copies go unused: each costs a read, and memory that evicts another page.
