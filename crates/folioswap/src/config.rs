@@ -286,6 +286,11 @@ pub struct Config {
     /// footprint by 40-55% but gained it no time measurable here, and on memory that is
     /// never zero it costs reads (BENCHMARKS.md, "Zeros leave first").
     pub zero_scan: bool,
+    /// Give folios written since eviction last looked at them a second chance, as the
+    /// kernel does folios whose accessed bits are set: regions under 2 MiB folios are
+    /// registered async write-protect (Linux 6.7+, move mode), and eviction reads and
+    /// clears their written bits with `PAGEMAP_SCAN` (`evict.rs`, `written_since_seen`).
+    pub written_aging: bool,
     /// Order-0 swap slots a thread caches, allocated and returned in batches of this many
     /// (the kernel's per-CPU swap slot cache); 0 turns the caches off.
     pub slot_cache: usize,
@@ -361,6 +366,7 @@ impl Default for Config {
             min_compression_ratio: 1.0,
             pool_bypass: true,
             zero_scan: false,
+            written_aging: false,
             slot_cache: 64,
             vma_ra_enabled: true,
             page_cluster: 7,
@@ -401,6 +407,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FOLIOSWAP_RA_ASYNC", "1/0, true/false, yes/no or on/off"),
     ("FOLIOSWAP_POOL_BYPASS", "1/0, true/false, yes/no or on/off"),
     ("FOLIOSWAP_ZERO_SCAN", "1/0, true/false, yes/no or on/off"),
+    ("FOLIOSWAP_WRITTEN_AGING", "1/0, true/false, yes/no or on/off"),
     ("FOLIOSWAP_SHARED_LIMIT", "the path of a file through which processes share memory_high"),
     ("FOLIOSWAP_REMOTE_TIER", crate::remote::RemoteSpec::ACCEPTED),
     ("FOLIOSWAP_REMOTE_TIMEOUT_MS", "milliseconds from 100 to 600000"),
@@ -497,6 +504,7 @@ impl Config {
             "FOLIOSWAP_RA_ASYNC" => self.ra_async(parse_bool(var, value)?),
             "FOLIOSWAP_POOL_BYPASS" => self.pool_bypass(parse_bool(var, value)?),
             "FOLIOSWAP_ZERO_SCAN" => self.zero_scan(parse_bool(var, value)?),
+            "FOLIOSWAP_WRITTEN_AGING" => self.written_aging(parse_bool(var, value)?),
             // Empty is no path: refused here rather than when the engine cannot open it.
             "FOLIOSWAP_SHARED_LIMIT" if value.is_empty() => return Err(Error::config(var, value, accepted(var))),
             "FOLIOSWAP_SHARED_LIMIT" => self.shared_limit(value),
@@ -747,6 +755,10 @@ impl Config {
         self.zero_scan = on;
         self
     }
+    pub fn written_aging(mut self, on: bool) -> Config {
+        self.written_aging = on;
+        self
+    }
 }
 
 #[cfg(test)]
@@ -910,6 +922,7 @@ mod tests {
             "FOLIOSWAP_RA_ASYNC" => c.ra_async.to_string(),
             "FOLIOSWAP_POOL_BYPASS" => c.pool_bypass.to_string(),
             "FOLIOSWAP_ZERO_SCAN" => c.zero_scan.to_string(),
+            "FOLIOSWAP_WRITTEN_AGING" => c.written_aging.to_string(),
             "FOLIOSWAP_SHARED_LIMIT" => c.shared_limit.as_deref().map(path).unwrap_or_default(),
             "FOLIOSWAP_REMOTE_TIER" => c.remote_tier.as_ref().map(|r| r.to_string()).unwrap_or_else(|| "none".into()),
             "FOLIOSWAP_REMOTE_TIMEOUT_MS" => c.remote_timeout_ms.to_string(),

@@ -26,7 +26,8 @@ use crate::swapfile::io::{on_demand_dir, SwapFile, SwapIo};
 use crate::swapfile::sealed::SealedIo;
 use crate::swapfile::SwapDevice;
 use crate::tier::Tiers;
-use crate::uffd::{self, InstallMode, OpenError, Uffd};
+use crate::uffd::{self, InstallMode, OpenError, PageMap, Uffd};
+use crate::written::Harvest;
 use crate::zswap::Zswap;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -271,7 +272,30 @@ impl Engine {
         if config.fault_mode == FaultMode::Signal {
             features |= uffd::FEATURE_SIGBUS;
         }
+        // Written bits need async write-protect (6.7+; `Uffd::open` names it if missing),
+        // which rules out copy mode's synchronous write-protect while it copies a folio out.
+        if config.written_aging {
+            match install {
+                InstallMode::Move => features |= uffd::FEATURE_WP_ASYNC,
+                InstallMode::Copy if config.uffd_move => {
+                    return Err(Error::KernelTooOld {
+                        missing: vec!["UFFD_FEATURE_MOVE (UFFDIO_MOVE, Linux 6.8+), which written_aging needs"],
+                    })
+                }
+                InstallMode::Copy => {
+                    return Err(Error::config(
+                        "FOLIOSWAP_WRITTEN_AGING",
+                        "on",
+                        "off while FOLIOSWAP_UFFD_MOVE is off: written bits need move mode",
+                    ))
+                }
+            }
+        }
         let uffd = Uffd::open(features).map_err(open_error)?;
+        let written = match config.written_aging {
+            true => Some(Harvest::new(PageMap::open().map_err(|e| Error::sys("opening /proc/self/pagemap", e))?, config.memory_high)),
+            false => None,
+        };
         // Move mode: staging on the region's userfaultfd, so that a move out fails while
         // an UNMAP is unread, emptied through a trash on a second one (`staging.rs`).
         let (staging_uffd, trash_uffd) = match install {
@@ -317,6 +341,7 @@ impl Engine {
             id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
             uffd,
             install,
+            written,
             own_zaps: OwnZaps::default(),
             staging,
             tiers,

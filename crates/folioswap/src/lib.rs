@@ -52,6 +52,7 @@ mod thread_cpu;
 #[cfg(feature = "trace")]
 mod trace;
 mod uffd;
+mod written;
 
 mod event_queue;
 mod folio;

@@ -5,7 +5,10 @@
 //! Coldness is fault order plus refault distance. Without accessed bits (this kernel has
 //! no idle page tracking, and async write-protect would split THP mappings on the first
 //! write) what user space sees cheaply is when a folio faulted in and, for one that was
-//! evicted before, how many pages were evicted since: its refault distance. Folios join
+//! evicted before, how many pages were evicted since: its refault distance. With
+//! `written_aging`, folios under 2 MiB also have written bits (`written.rs`), which
+//! `evict.rs` reads at the inactive head: an entry found written goes back to the tail
+//! marked `referenced`, and to the active list when found written again. Folios join
 //! the tail of the inactive list when installed; one that refaults within the working-set
 //! distance (fewer pages evicted since it left than memory_high holds) joins the active
 //! list instead, as the kernel's workingset.c does. Eviction takes the inactive head; the
@@ -30,6 +33,9 @@ pub(crate) struct LruEntry {
     pub page: usize,
     pub order: u8,
     pub gen: u16,
+    /// Found written once at the inactive head and sent round again (the kernel's
+    /// PG_referenced): found written a second time, it is activated.
+    pub referenced: bool,
 }
 
 impl LruEntry {
@@ -114,7 +120,7 @@ pub(crate) struct Lru {
 
 impl Lru {
     pub fn push(&self, table: Arc<FolioTable>, page: usize, folio: FolioSize, gen: u16, active: bool) {
-        let entry = LruEntry { table, page, order: folio.order() as u8, gen };
+        let entry = LruEntry { table, page, order: folio.order() as u8, gen, referenced: false };
         let mut lists = self.lists.lock().unwrap();
         if active {
             lists.push_active(entry);
@@ -131,10 +137,15 @@ impl Lru {
     /// zero scan's find, `zero_scan.rs`). The entry it already has stays where it is and
     /// goes stale once the folio leaves (`LruEntry::is_current`).
     pub fn push_first(&self, table: Arc<FolioTable>, page: usize, folio: FolioSize, gen: u16) {
-        let entry = LruEntry { table, page, order: folio.order() as u8, gen };
+        let entry = LruEntry { table, page, order: folio.order() as u8, gen, referenced: false };
         let mut lists = self.lists.lock().unwrap();
         lists.inactive_pages += entry.pages();
         lists.inactive.push_front(entry);
+    }
+
+    /// Put a candidate that was found in use on the active list.
+    pub fn activate(&self, entry: LruEntry) {
+        self.lists.lock().unwrap().push_active(entry);
     }
 
     /// Put a candidate back at the tail (it was busy).

@@ -52,6 +52,7 @@ use crate::staging::Staging;
 use crate::stats::Counters;
 use crate::tier::Tiers;
 use crate::uffd::{InstallMode, Uffd};
+use crate::written::Harvest;
 use crate::zero_pace::ZeroScan;
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
@@ -66,6 +67,9 @@ pub(crate) struct Mm {
     pub uffd: Uffd,
     /// MOVE or COPY (`InstallMode`): fixed when the engine starts.
     pub install: InstallMode,
+    /// Where eviction harvests written bits, when the userfaultfd is async write-protect
+    /// and `written_aging` is on (`written.rs`).
+    pub written: Option<Harvest>,
     /// Copy mode: this engine's own zaps in flight, whose REMOVE events are not the
     /// program's (`own_zaps.rs`).
     pub own_zaps: OwnZaps,

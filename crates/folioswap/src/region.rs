@@ -20,6 +20,7 @@ use crate::release::drop_storage;
 use crate::size::{FolioSize, PAGE_SIZE};
 use crate::table::FolioTable;
 use crate::uffd::{self, InstallMode};
+use crate::written::WrittenMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -96,6 +97,10 @@ impl Engine {
             Ok(mut t) => {
                 t.keep_on_fork = options.keep_on_fork;
                 t.swapin = options.swapin_enabled.unwrap_or(mm.config.swapin_enabled);
+                // Not on 2 MiB folios: the first write to a protected THP splits its mapping.
+                if mm.written.is_some() && !folio.is_huge() {
+                    t.written = Some(WrittenMap::new(t.pages));
+                }
                 Arc::new(t)
             }
             Err(errno) => {
@@ -105,6 +110,7 @@ impl Engine {
         };
         // Copy mode write-protects a folio while it copies it out (`evict.rs`).
         let mode = match mm.install {
+            InstallMode::Move if table.written.is_some() => uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP,
             InstallMode::Move => uffd::REGISTER_MODE_MISSING,
             InstallMode::Copy => uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP,
         };

@@ -273,6 +273,12 @@ counter_struct!(
         /// eviction (`zero_scan.rs`).
         pgscan_zero,
         pgscan_zero_found,
+        /// Written bits (`written_aging`): harvests of every region's bits, inactive
+        /// folios found written and sent round the inactive list again (the kernel's
+        /// PG_referenced), and those found written a second time and activated.
+        written_harvest,
+        pgrotated,
+        pgactivate,
         /// Times direct reclaim ran, and times a fault waited for reclaim in flight.
         allocstall,
         /// Faults refused because neither memory_high nor the pool cap could be kept.

@@ -12,6 +12,7 @@ use crate::folio::{PageEntry, State, PENDING, SPLIT};
 use crate::ra_window::RegionRa;
 use crate::size::{FolioSize, PAGE_SIZE};
 use crate::sys::map_aligned;
+use crate::written::WrittenMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::RwLock;
 
@@ -44,6 +45,9 @@ pub(crate) struct FolioTable {
     pub keep_on_fork: bool,
     /// How much of a large folio a swap-in brings back (`fault.rs`).
     pub swapin: SwapinPolicy,
+    /// Registered write-protect on an async-WP userfaultfd: its pages' written bits,
+    /// harvested by eviction (`written.rs`).
+    pub written: Option<WrittenMap>,
 }
 
 // SAFETY: `entries` points to a mapping owned by the table for its whole life; every
@@ -72,6 +76,7 @@ impl FolioTable {
             ra: Default::default(),
             keep_on_fork: false,
             swapin: SwapinPolicy::Always,
+            written: None,
         })
     }
 

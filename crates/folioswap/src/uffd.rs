@@ -50,6 +50,7 @@ pub const FEATURE_EVENT_REMOVE: u64 = 1 << 3;
 pub const FEATURE_EVENT_UNMAP: u64 = 1 << 6;
 pub const FEATURE_SIGBUS: u64 = 1 << 7;
 pub const FEATURE_THREAD_ID: u64 = 1 << 8;
+pub const FEATURE_WP_ASYNC: u64 = 1 << 15;
 pub const FEATURE_MOVE: u64 = 1 << 16;
 
 pub const REGISTER_MODE_MISSING: u64 = 1 << 0;
@@ -72,6 +73,9 @@ const UFFD_USER_MODE_ONLY: libc::c_int = 1;
 
 const PAGE: usize = 4096;
 const PAGE_IS_HUGE: u64 = 1 << 6;
+const PAGE_IS_WRITTEN: u64 = 1 << 1;
+const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
+const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
 const PAGE_IS_PRESENT: u64 = 1 << 3;
 
 #[repr(C)]
@@ -252,6 +256,7 @@ const FEATURE_NAMES: &[(u64, &str)] = &[
     (FEATURE_SIGBUS, "UFFD_FEATURE_SIGBUS"),
     (FEATURE_THREAD_ID, "UFFD_FEATURE_THREAD_ID"),
     (FEATURE_MOVE, "UFFD_FEATURE_MOVE (UFFDIO_MOVE, Linux 6.8+)"),
+    (FEATURE_WP_ASYNC, "UFFD_FEATURE_WP_ASYNC (Linux 6.7+)"),
 ];
 
 /// `userfaultfd(2)` with `flags`: the new descriptor, or the errno.
@@ -513,6 +518,49 @@ impl PageMap {
     /// Bytes of `[start, start + len)` that are present.
     pub fn present_bytes(&self, start: usize, len: usize) -> io::Result<usize> {
         self.scan_bytes(start, len, PAGE_IS_PRESENT)
+    }
+
+    /// Report each run of present pages in `[start, start + len)` written since it was
+    /// last write-protected (or since it was mapped) to `written(start, end)`, and
+    /// write-protect them again: the written bits read and cleared, as the kernel's
+    /// `folio_referenced` reads and clears accessed bits. The range must be registered WP
+    /// on a `FEATURE_WP_ASYNC` userfaultfd (EPERM otherwise).
+    pub fn take_written(&self, start: usize, len: usize, mut written: impl FnMut(usize, usize)) -> io::Result<()> {
+        let mut regions = [PageRegion::default(); 64];
+        let end = (start + len) as u64;
+        let mut pos = start as u64;
+        while pos < end {
+            let mut arg = PmScanArg {
+                size: std::mem::size_of::<PmScanArg>() as u64,
+                flags: PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
+                start: pos,
+                end,
+                walk_end: 0,
+                vec: regions.as_mut_ptr() as u64,
+                vec_len: regions.len() as u64,
+                max_pages: 0,
+                category_inverted: 0,
+                category_mask: PAGE_IS_WRITTEN | PAGE_IS_PRESENT,
+                category_anyof_mask: 0,
+                return_mask: PAGE_IS_WRITTEN,
+            };
+            // SAFETY: `arg` is a valid struct pm_scan_arg whose `vec` points at `regions`
+            // (vec_len entries) which outlive the call; the kernel writes only there and
+            // changes no page's contents (it sets write-protect bits).
+            let n = unsafe { libc::ioctl(self.fd.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            for r in &regions[..n as usize] {
+                written(r.start as usize, r.end as usize);
+            }
+            // As in `scan_bytes`: only a full vector leaves more to walk.
+            if (n as usize) < regions.len() || arg.walk_end <= pos {
+                break;
+            }
+            pos = arg.walk_end;
+        }
+        Ok(())
     }
 
     fn scan_bytes(&self, start: usize, len: usize, required: u64) -> io::Result<usize> {

@@ -23,7 +23,11 @@ fn fork_sees_everything_in(folio: &str, mode: FaultMode) {
 }
 
 fn fork_sees_everything_with(folio: &str, mode: FaultMode, install: InstallMode) {
-    let e = engine(Config::default().memory_high("32M").unwrap().fault_mode(mode).uffd_move(install == InstallMode::Move));
+    fork_sees_everything_under(folio, Config::default().fault_mode(mode).uffd_move(install == InstallMode::Move), install);
+}
+
+fn fork_sees_everything_under(folio: &str, config: Config, install: InstallMode) {
+    let e = engine(config.memory_high("32M").unwrap());
     assert_eq!(e.install_mode(), install);
     let options = RegionOptions::default().folio_size(folio).unwrap().keep_on_fork(true);
     let mut a = e.map(48 * MIB, options.clone()).unwrap();
@@ -84,6 +88,14 @@ fn forked_child_sees_swapped_memory_2m() {
 #[test]
 fn forked_child_sees_swapped_memory_signal_mode() {
     fork_sees_everything_in("64K", FaultMode::Signal);
+}
+
+/// With written bits (`written_aging`) the regions are registered write-protect: the
+/// child's copies are not registered at all, so their marks must not trap its reads, and the
+/// parent's protected pages, shared copy on write, must take its writes as its own.
+#[test]
+fn forked_child_sees_swapped_memory_with_written_aging() {
+    fork_sees_everything_under("64K", Config::default().written_aging(true), InstallMode::Move);
 }
 
 #[test]
