@@ -2,7 +2,7 @@
 //! registered write-protect on an async-WP userfaultfd (Linux 6.7+): the kernel resolves
 //! the first write to a protected page itself (about 0.9 µs), and `PAGEMAP_SCAN` reports
 //! which pages were written since they were last protected and protects them again. State
-//! only: eviction harvests the bits into each table's map every `harvest_interval`
+//! only: eviction harvests the bits into each table's map every `Harvest::interval`
 //! evictions and reads them at the inactive head (`evict.rs`, `pick_victim`).
 //!
 //! Why a harvest and not a scan per candidate: protecting a written page needs a TLB
@@ -59,7 +59,10 @@ pub(crate) struct Harvest {
     pub pagemap: PageMap,
     /// The eviction clock (`Lru::now`) at the last harvest.
     pub last: AtomicU32,
-    /// Pages evicted between harvests: memory_high/8, at least 256.
+    /// Pages evicted between harvests: memory_high/32, at least 64. A harvest protects
+    /// every page written since the last, and each pays a write-protect fault at its next
+    /// write; at memory_high/4 the bits were too old to choose by (BENCHMARKS.md, "Written
+    /// bits").
     pub interval: u32,
     /// Held by the one reclaimer that harvests; the others go on without waiting.
     pub running: Mutex<()>,
