@@ -525,53 +525,26 @@ impl PageMap {
     /// write-protect them again: the written bits read and cleared, as the kernel's
     /// `folio_referenced` reads and clears accessed bits. The range must be registered WP
     /// on a `FEATURE_WP_ASYNC` userfaultfd (EPERM otherwise).
-    pub fn take_written(&self, start: usize, len: usize, mut written: impl FnMut(usize, usize)) -> io::Result<()> {
-        let mut regions = [PageRegion::default(); 64];
-        let end = (start + len) as u64;
-        let mut pos = start as u64;
-        while pos < end {
-            let mut arg = PmScanArg {
-                size: std::mem::size_of::<PmScanArg>() as u64,
-                flags: PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
-                start: pos,
-                end,
-                walk_end: 0,
-                vec: regions.as_mut_ptr() as u64,
-                vec_len: regions.len() as u64,
-                max_pages: 0,
-                category_inverted: 0,
-                category_mask: PAGE_IS_WRITTEN | PAGE_IS_PRESENT,
-                category_anyof_mask: 0,
-                return_mask: PAGE_IS_WRITTEN,
-            };
-            // SAFETY: `arg` is a valid struct pm_scan_arg whose `vec` points at `regions`
-            // (vec_len entries) which outlive the call; the kernel writes only there and
-            // changes no page's contents (it sets write-protect bits).
-            let n = unsafe { libc::ioctl(self.fd.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            for r in &regions[..n as usize] {
-                written(r.start as usize, r.end as usize);
-            }
-            // As in `scan_bytes`: only a full vector leaves more to walk.
-            if (n as usize) < regions.len() || arg.walk_end <= pos {
-                break;
-            }
-            pos = arg.walk_end;
-        }
-        Ok(())
+    pub fn take_written(&self, start: usize, len: usize, written: impl FnMut(usize, usize)) -> io::Result<()> {
+        self.scan(start, len, PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC, PAGE_IS_WRITTEN | PAGE_IS_PRESENT, written)
     }
 
     fn scan_bytes(&self, start: usize, len: usize, required: u64) -> io::Result<usize> {
-        let mut regions = [PageRegion::default(); 64];
         let mut total = 0usize;
+        self.scan(start, len, 0, required, |lo, hi| total += hi - lo)?;
+        Ok(total)
+    }
+
+    /// `PAGEMAP_SCAN` with `flags` over `[start, start + len)`: each run of pages in every
+    /// category of `required`, to `each(start, end)`.
+    fn scan(&self, start: usize, len: usize, flags: u64, required: u64, mut each: impl FnMut(usize, usize)) -> io::Result<()> {
+        let mut regions = [PageRegion::default(); 64];
         let end = (start + len) as u64;
         let mut pos = start as u64;
         while pos < end {
             let mut arg = PmScanArg {
                 size: std::mem::size_of::<PmScanArg>() as u64,
-                flags: 0,
+                flags,
                 start: pos,
                 end,
                 walk_end: 0,
@@ -584,13 +557,14 @@ impl PageMap {
                 return_mask: required,
             };
             // SAFETY: `arg` is a valid struct pm_scan_arg whose `vec` points at `regions`
-            // (vec_len entries) which outlive the call; the kernel writes only there.
+            // (vec_len entries) which outlive the call; the kernel writes only there, and
+            // with PM_SCAN_WP_MATCHING sets write-protect bits, never a page's contents.
             let n = unsafe { libc::ioctl(self.fd.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
             if n < 0 {
                 return Err(io::Error::last_os_error());
             }
             for r in &regions[..n as usize] {
-                total += (r.end - r.start) as usize;
+                each(r.start as usize, r.end as usize);
             }
             // The kernel may stop short of `end` on a full vector; only then is there more.
             if (n as usize) < regions.len() || arg.walk_end <= pos {
@@ -598,7 +572,7 @@ impl PageMap {
             }
             pos = arg.walk_end;
         }
-        Ok(total)
+        Ok(())
     }
 }
 
