@@ -288,8 +288,9 @@ pub struct Config {
     pub zero_scan: bool,
     /// Give folios written since eviction last looked at them a second chance, as the
     /// kernel does folios whose accessed bits are set: regions under 2 MiB folios are
-    /// registered async write-protect (Linux 6.7+, move mode), and eviction reads and
-    /// clears their written bits with `PAGEMAP_SCAN` (`evict.rs`, `written_since_seen`).
+    /// registered async write-protect (Linux 6.7+, move mode), eviction harvests their
+    /// written bits with `PAGEMAP_SCAN` every memory_high/32 of evictions (`written.rs`),
+    /// and reads them at the inactive head (`evict.rs`, `pick_victim`).
     pub written_aging: bool,
     /// Order-0 swap slots a thread caches, allocated and returned in batches of this many
     /// (the kernel's per-CPU swap slot cache); 0 turns the caches off.

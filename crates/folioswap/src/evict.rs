@@ -263,14 +263,9 @@ fn written_since_seen(v: &LruEntry) -> bool {
 /// Every `interval` evictions, harvest the written bits (`written.rs`). One reclaimer
 /// harvests; the others go on.
 fn harvest_written_if_due(mm: &Mm) {
-    let Some(harvest) = &mm.written else { return };
-    let now = mm.lru.now();
-    if !harvest.is_due(now) {
-        return;
+    if let Some(harvest) = mm.written.as_ref().filter(|h| h.claim(mm.lru.now())) {
+        harvest_written(mm, harvest);
     }
-    let Ok(_running) = harvest.running.try_lock() else { return };
-    harvest.last.store(now, Ordering::Relaxed);
-    harvest_written(mm, harvest);
 }
 
 /// Read and clear the written bits of every region that has them into the region's map.

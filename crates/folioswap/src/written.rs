@@ -18,7 +18,6 @@
 
 use crate::uffd::PageMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Mutex;
 
 /// One region's written bits, one per page.
 pub(crate) struct WrittenMap {
@@ -58,25 +57,26 @@ impl WrittenMap {
 pub(crate) struct Harvest {
     pub pagemap: PageMap,
     /// The eviction clock (`Lru::now`) at the last harvest.
-    pub last: AtomicU32,
+    last: AtomicU32,
     /// Pages evicted between harvests: memory_high/32, at least 64. A harvest protects
     /// every page written since the last, and each pays a write-protect fault at its next
     /// write; at memory_high/4 the bits were too old to choose by (BENCHMARKS.md, "Written
     /// bits").
-    pub interval: u32,
-    /// Held by the one reclaimer that harvests; the others go on without waiting.
-    pub running: Mutex<()>,
+    interval: u32,
 }
 
 impl Harvest {
     pub fn new(pagemap: PageMap, memory_high: Option<u64>) -> Harvest {
         let interval = memory_high.map(|m| (m / 4096 / 32).clamp(64, u32::MAX as u64 / 4) as u32).unwrap_or(1 << 16);
-        Harvest { pagemap, last: AtomicU32::new(0), interval, running: Mutex::new(()) }
+        Harvest { pagemap, last: AtomicU32::new(0), interval }
     }
 
-    /// Whether `interval` pages were evicted since the last harvest, at clock `now`.
-    pub fn is_due(&self, now: u32) -> bool {
-        now.wrapping_sub(self.last.load(Ordering::Relaxed)) >= self.interval
+    /// Whether this caller is to harvest now, at clock `now`: `interval` pages were
+    /// evicted since the last harvest, and no other reclaimer claimed this one first (the
+    /// others go on without waiting).
+    pub fn claim(&self, now: u32) -> bool {
+        let last = self.last.load(Ordering::Relaxed);
+        now.wrapping_sub(last) >= self.interval && self.last.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
     }
 }
 
