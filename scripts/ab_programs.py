@@ -14,7 +14,7 @@ Usage:
 `--a`/`--b` take space-separated VAR=VALUE settings for the environment of each side
 (empty: the defaults); `--folioswap-a`/`--folioswap-b` run two builds instead. Prints
 every run as it ends (wall seconds, the dict's build and lookup seconds, `list(d)` counted
-with the lookups, and from the
+with the build as `pydict_phase_counters.py` counts it, and from the
 run's `--stats-json`: faults, pages stored, reads from the swap file), then each side's
 medians and the pair ratios B/A. Sort's output is checked against an unlimited run's
 (a checksum), the dict's sum against the expected one: a wrong answer stops the script.
@@ -29,26 +29,9 @@ import sys
 import tempfile
 import time
 
-DICT = """
-import random, sys, time
-r = [time.monotonic()]
-n = int(sys.argv[1])
-d = {}
-for i in range(n):
-    d[i * 7919 % 10_000_019] = str(i) * 2
-r.append(time.monotonic())
-random.seed(1)
-keys = list(d)
-s = 0
-for _ in range(n):
-    s += len(d[keys[random.randrange(n)]])
-r.append(time.monotonic())
-print(s)
-with open(sys.argv[2], "w") as f:
-    f.write(" ".join(map(str, r)))
-"""
-
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from pydict_phase_counters import PROGRAM as DICT  # noqa: E402  the dict with its phase stamps
 
 
 def settings(text):
@@ -112,7 +95,8 @@ def main():
                 if a.program == "dict":
                     with open(os.path.join(tmp, "stamps")) as f:
                         t = [float(x) for x in f.read().split()]
-                    run["build"], run["lookups"] = t[1] - t[0], t[2] - t[1]
+                    # Stamps: start, inserts done, `list(d)` done, lookups done.
+                    run["build"], run["lookups"] = t[2] - t[0], t[3] - t[2]
                 runs[tag].append(run)
                 print(f"{tag} " + " ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in run.items()), flush=True)
 
