@@ -6,7 +6,7 @@ and under the kernel's own swap (zram, lz4) with the same limit, on the same mac
 Usage (root): scripts/bench_programs.py [--runs 3] [--only sort|pydict ...] [--fraction 0.5 0.75 | --limit MIB ...]
                                        [--sort-mib 400] [--pydict-n 2500000]
                                        [--variant '--swap-file none' ...] [--variant 'FOLIOSWAP_FAULT_MODE=signal' ...]
-                                       [--folioswap-arg=--folio=64K ...]
+                                       [--folioswap-arg=--folio=64K ...] [--kernel-swap zram zswap]
 
 Programs (none written here; the inputs are):
 - `sort`: GNU sort of a file of random lines (`--sort-mib`), `-S` large enough to sort in
@@ -19,18 +19,28 @@ Each program first runs with no limit to measure its peak RSS (`ru_maxrss`) and 
 output; each limit is a `--fraction` of that peak (or `--limit` MiB). Then, interleaved per run: `folioswap
 run --memory-high LIMIT` with default settings, each `--variant` of it, and the kernel:
 the program in a memory cgroup (v1 `memory.limit_in_bytes`, or v2 `memory.max`) with
-zram (lz4) as the only swap device. Under cgroup v1 zram's memory is not charged to the
-cgroup (folioswap's `--swap-file none` is the like setup: the pool outside the limit),
-and the limit is hard: where reclaim cannot keep up the kernel OOM-kills the program
+zram (lz4) as the only swap device, and with `--kernel-swap zram zswap` also with a swap
+file in /var/tmp behind zswap (lz4 where the kernel's crypto API has it, else zswap's own
+compressor). Under cgroup v1 neither zram's memory nor zswap's pool is charged to the
+cgroup (the kernel charges zswap's pool to cgroup v2 alone; measured here: a v1 cgroup's
+`memory.kmem.max_usage_in_bytes` stayed under 400 KiB while zswap held thousands of
+its pages), so folioswap's `--swap-file none` is the like setup: the pool outside the
+limit. The kernel's limit is hard: where reclaim cannot keep up the kernel OOM-kills the program
 (reported as "failed", as is a run past `--timeout`). Every run's output must equal the unlimited run's. Medians of
 wall time go to stdout as a Markdown table, then a second one of what the runs that
 finished cost in memory: under folioswap the program's peak RSS (its compressed pool lives
 in it; the swap file is on disk), under the kernel its peak RSS plus the most zram held
-(`mem_used_max`), which the cgroup's limit does not count.
+(`mem_used_max`), which the cgroup's limit does not count, or with zswap plus the most
+zswap held (`Zswap:` of /proc/meminfo, sampled every 10 ms: the system's whole pool,
+which only the run uses).
 
-Settings touched for the kernel runs (zram0's size and algorithm, swap on, a cgroup) are
-restored on success, on failure and on Ctrl-C; the script refuses to start if a swap
-device is already active or zram0 is in use.
+Settings touched for the kernel runs (zram0's size and algorithm, zswap's `enabled` and
+`compressor`, the swap file, swap on, a cgroup) are restored on success, on failure and
+on Ctrl-C; the script refuses to start if a swap device is already active or zram0 is in
+use. Turning zswap on, even for a while, stops this kernel from swapping large folios in
+whole until the next reboot (mm/memory.c, `zswap_never_enabled()`); the programs here
+fault 4 KiB pages, but later `folioswap bench usemem --against kernel` runs at 16K-1M
+folios on the same boot swap in 4 KiB pages.
 """
 import argparse
 import hashlib
@@ -47,6 +57,10 @@ import time
 
 BIN = os.path.abspath("./target/release/folioswap")
 ZRAM = "/sys/block/zram0"
+ZSWAP = "/sys/module/zswap/parameters"
+SWAP_DIR = "/var/tmp"
+# The zswap side's swap file: room for the largest program here several times over.
+SWAP_FILE_BYTES = 2 << 30
 CGROUP_V1 = "/sys/fs/cgroup/memory"
 CGROUP_V2 = "/sys/fs/cgroup/unified"
 
@@ -76,26 +90,81 @@ def read(path):
         return f.read().strip()
 
 
-class KernelSwap:
-    """zram0 as the only swap device and a memory cgroup; `close` undoes both."""
+class ZswapPeak:
+    """The most zswap's pool held (`Zswap:` of /proc/meminfo), sampled every 10 ms in a
+    thread from construction to `stop`."""
 
-    def __init__(self, zram_size):
+    def __init__(self):
+        self.peak = 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.sample, daemon=True)
+        self.thread.start()
+
+    def sample(self):
+        while True:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("Zswap:"):
+                        self.peak = max(self.peak, int(line.split()[1]) * 1024)
+                        break
+            if self.done.wait(0.01):
+                return
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+        return self.peak
+
+
+class KernelSwap:
+    """The kernel's sides, each in a memory cgroup of its own run's limit: `zram` (zram0,
+    lz4, the only swap device) and `zswap` (a swap file in /var/tmp behind zswap). Under
+    cgroup v1 neither's memory counts against the limit. One swap device is on at a time
+    (`activate`). `close` undoes every setting, also after a failure."""
+
+    def __init__(self, kinds, zram_size):
         if read("/proc/swaps").count("\n") > 0:
             sys.exit("refusing: a swap device is already active (/proc/swaps)")
-        if not os.path.exists(ZRAM):
-            sys.exit("no /sys/block/zram0 (zram not built in or loaded)")
-        if read(f"{ZRAM}/disksize") != "0":
-            sys.exit("refusing: zram0 is in use (disksize is not 0)")
+        if "zram" in kinds:
+            if not os.path.exists(ZRAM):
+                sys.exit("no /sys/block/zram0 (zram not built in or loaded)")
+            if read(f"{ZRAM}/disksize") != "0":
+                sys.exit("refusing: zram0 is in use (disksize is not 0)")
+        if "zswap" in kinds and not os.path.exists(f"{ZSWAP}/enabled"):
+            sys.exit(f"no zswap in this kernel ({ZSWAP}/enabled)")
         self.cgroup = None
-        self.swap_on = False
+        self.active = None
         self.zram_set = False
+        self.swap_file = None
+        self.zswap_saved = {}
+        self.zswap_compressor = None
+        self.zswap_peak = None
         try:
-            self.zram_set = True
-            write(f"{ZRAM}/comp_algorithm", "lz4")
-            write(f"{ZRAM}/disksize", zram_size)
-            subprocess.run(["mkswap", "/dev/zram0"], check=True, capture_output=True)
-            subprocess.run(["swapon", "-p", "100", "/dev/zram0"], check=True)
-            self.swap_on = True
+            if "zram" in kinds:
+                self.zram_set = True
+                write(f"{ZRAM}/comp_algorithm", "lz4")
+                write(f"{ZRAM}/disksize", zram_size)
+                subprocess.run(["mkswap", "/dev/zram0"], check=True, capture_output=True)
+            if os.path.exists(f"{ZSWAP}/enabled"):
+                for name in ("enabled", "compressor"):
+                    self.zswap_saved[name] = read(f"{ZSWAP}/{name}")
+            if "zswap" in kinds:
+                if subprocess.run(["stat", "-f", "-c", "%T", SWAP_DIR], capture_output=True, text=True).stdout.strip() == "tmpfs":
+                    sys.exit(f"{SWAP_DIR} is tmpfs: zswap's swap file needs a disk")
+                self.swap_file = os.path.join(SWAP_DIR, f"folioswap-programs-{os.getpid()}.swap")
+                fd = os.open(self.swap_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                try:
+                    os.posix_fallocate(fd, 0, SWAP_FILE_BYTES)
+                finally:
+                    os.close(fd)
+                subprocess.run(["mkswap", self.swap_file], check=True, capture_output=True)
+                # zswap takes its compressors from the crypto API, which may lack lz4 where
+                # zram (with its own backends) has it: then zswap keeps the one it has.
+                try:
+                    write(f"{ZSWAP}/compressor", "lz4")
+                except OSError as e:
+                    print(f"# zswap cannot use lz4 here ({e}): it keeps {self.zswap_saved['compressor']}", file=sys.stderr)
+                self.zswap_compressor = read(f"{ZSWAP}/compressor")
             if os.path.isdir(CGROUP_V1):
                 self.cgroup = os.path.join(CGROUP_V1, f"folioswap-bench-{os.getpid()}")
                 os.mkdir(self.cgroup)
@@ -108,17 +177,42 @@ class KernelSwap:
             self.close()
             raise
 
-    def command(self, limit, argv):
+    def device(self, kind):
+        return "/dev/zram0" if kind == "zram" else self.swap_file
+
+    def activate(self, kind):
+        """`kind`'s swap device on, alone; zswap on only for the `zswap` side."""
+        if self.active == kind:
+            return
+        if self.active is not None:
+            subprocess.run(["swapoff", self.device(self.active)], check=True)
+            self.active = None
+        if self.zswap_saved:
+            write(f"{ZSWAP}/enabled", "Y" if kind == "zswap" else "N")
+        subprocess.run(["swapon", "-p", "100", self.device(kind)], check=True)
+        self.active = kind
+
+    def command(self, kind, limit, argv):
+        self.activate(kind)
         write(os.path.join(self.cgroup, self.limit_file), limit)
-        # The peak zram holds from here on: what the run stored outside the limit.
-        write(f"{ZRAM}/mem_used_max", 0)
+        if kind == "zram":
+            # The peak zram holds from here on: what the run stored outside the limit.
+            write(f"{ZRAM}/mem_used_max", 0)
+        else:
+            if self.zswap_peak is not None:
+                self.zswap_peak.stop()  # a run that failed left its sampler running
+            self.zswap_peak = ZswapPeak()
         procs = os.path.join(self.cgroup, "cgroup.procs")
         return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh"] + argv
 
-    def zram_peak(self):
-        """Bytes zram held at most since `command` (compressed data and its allocator's
-        overhead: `mem_used_max` of mm_stat)."""
-        return int(read(f"{ZRAM}/mm_stat").split()[4])
+    def extra_peak(self, kind):
+        """What the run held outside its RSS at most: zram's peak (`mem_used_max` of
+        mm_stat: compressed data and its allocator's overhead), or zswap's (its sampled
+        pool). Called once the run has ended."""
+        if kind == "zram":
+            return int(read(f"{ZRAM}/mm_stat").split()[4])
+        return self.zswap_peak.stop()
+
 
     def close(self):
         errors = []
@@ -131,19 +225,35 @@ class KernelSwap:
                     time.sleep(0.1)
             else:
                 errors.append(f"could not remove {self.cgroup}")
-        if self.swap_on:
-            r = subprocess.run(["swapoff", "/dev/zram0"])
+        if self.active is not None:
+            r = subprocess.run(["swapoff", self.device(self.active)])
             if r.returncode != 0:
-                errors.append("swapoff /dev/zram0 failed")
-            self.swap_on = False
+                errors.append(f"swapoff {self.device(self.active)} failed")
+            self.active = None
+        for name, value in self.zswap_saved.items():
+            try:
+                write(f"{ZSWAP}/{name}", value)
+            except OSError as e:
+                errors.append(f"could not put {ZSWAP}/{name} back to {value}: {e}")
+        self.zswap_saved = {}
         if self.zram_set:
             write(f"{ZRAM}/reset", 1)
             self.zram_set = False
+        if self.swap_file and os.path.exists(self.swap_file):
+            os.unlink(self.swap_file)
         if errors:
             print("RESTORE FAILED: " + "; ".join(errors), file=sys.stderr)
 
 
 RUNNING = []
+
+
+def vmstat_swaps():
+    """The kernel's swap counters (pages): what a kernel-side run swapped shows that its
+    swap was the one meant."""
+    with open("/proc/vmstat") as f:
+        counters = dict(line.split() for line in f)
+    return {k: int(counters.get(k, 0)) for k in ("pswpout", "pswpin", "zswpout", "zswpin", "zswpwb")}
 
 
 def run_program(argv, stdout_path, timeout=None, env=None):
@@ -199,6 +309,8 @@ def main():
                     help="limits in MiB instead of --fraction (the peak RSS of one unlimited run varies by a fifth for the dict)")
     ap.add_argument("--variant", action="append", default=[], type=str.split, help="another `folioswap run` configuration to time, e.g. '--swap-file none'; "
                     "FOLIOSWAP_NAME=VALUE words set that variable for it, e.g. 'FOLIOSWAP_FAULT_MODE=signal'")
+    ap.add_argument("--kernel-swap", nargs="+", choices=["zram", "zswap"], default=["zram"],
+                    help="the kernel's sides: zram (its memory outside the limit) and/or zswap over a swap file in /var/tmp")
     ap.add_argument("--sort-mib", type=int, default=400)
     ap.add_argument("--timeout", type=float, default=600, help="seconds after which a limited run is killed (reported as failed)")
     ap.add_argument("--pydict-n", type=int, default=2_500_000, help="entries of the pydict program")
@@ -218,7 +330,7 @@ def main():
             f.write(PYDICT)
         programs.append(("pydict", [sys.executable, script, str(a.pydict_n)]))
 
-    kernel = KernelSwap("8G")
+    kernel = KernelSwap(a.kernel_swap, "8G")
 
     def on_signal(sig, frame):
         for p in RUNNING:
@@ -230,7 +342,8 @@ def main():
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    sides = [("folioswap", [])] + [(f"folioswap {' '.join(v)}", v) for v in a.variant] + [("kernel zram", None)]
+    sides = [("folioswap", [])] + [(f"folioswap {' '.join(v)}", v) for v in a.variant] + [
+        (f"kernel zswap ({kernel.zswap_compressor})" if k == "zswap" else f"kernel {k}", k) for k in a.kernel_swap]
     rows = []
     try:
         for name, argv in programs:
@@ -244,13 +357,14 @@ def main():
                 for i in range(a.runs):
                     for side, extra in sides:
                         env = None
-                        if extra is None:
-                            cmd = kernel.command(limit, argv)
+                        if isinstance(extra, str):
+                            cmd = kernel.command(extra, limit, argv)
                         else:
                             assigned = [w for w in extra if w.startswith("FOLIOSWAP_") and "=" in w]
                             env = dict(os.environ, **dict(w.split("=", 1) for w in assigned)) if assigned else None
                             options = [w for w in extra if w not in assigned]
                             cmd = [BIN, "run", "--quiet", "--memory-high", str(limit)] + a.folioswap_arg + options + ["--"] + argv
+                        swaps_before = vmstat_swaps()
                         try:
                             wall, digest, peak = run_program(cmd, out, a.timeout, env)
                         except RuntimeError as e:
@@ -263,11 +377,14 @@ def main():
                         # The memory the run cost: its peak RSS, and for the kernel what
                         # zram held outside the limit besides (the two peaks may not
                         # coincide, so their sum bounds the kernel's from above).
-                        if extra is None:
-                            peak += kernel.zram_peak()
+                        swapped = ""
+                        if isinstance(extra, str):
+                            peak += kernel.extra_peak(extra)
+                            after = vmstat_swaps()
+                            swapped = ", " + " ".join(f"{k} {after[k] - v}" for k, v in swaps_before.items())
                         times[side].append(wall)
                         memory[side].append(peak)
-                        print(f"# {name} {side} run {i + 1}: {wall:.2f} s, {peak / 2**20:.1f} MiB", file=sys.stderr, flush=True)
+                        print(f"# {name} {side} run {i + 1}: {wall:.2f} s, {peak / 2**20:.1f} MiB{swapped}", file=sys.stderr, flush=True)
                 rows.append((name, rss, limit, wall0, times, memory))
     finally:
         kernel.close()

@@ -89,14 +89,14 @@ def main():
     stats = script + ".json"
     argv = [sys.executable, script, str(a.n)]
     limit = a.limit << 20
-    kernel = bench_programs.KernelSwap("1G")
+    kernel = bench_programs.KernelSwap(["zram"], "1G")
     results = {"folioswap": [], "kernel zram": []}
     try:
         _, _, expected, _ = run_once(argv)
         for i in range(a.runs):
             for side in results:
                 if side == "kernel zram":
-                    cmd = kernel.command(limit, argv)
+                    cmd = kernel.command("zram", limit, argv)
                 else:
                     cmd = [bench_programs.BIN, "run", "--quiet", "--memory-high", str(limit), "--stats-json", stats, "--"] + argv
                 try:
