@@ -165,6 +165,10 @@ class KernelSwap:
                 except OSError as e:
                     print(f"# zswap cannot use lz4 here ({e}): it keeps {self.zswap_saved['compressor']}", file=sys.stderr)
                 self.zswap_compressor = read(f"{ZSWAP}/compressor")
+                if self.zswap_saved.get("enabled") != "Y":
+                    print("# note: turning zswap on (it is turned off again afterwards) also stops the kernel from swapping "
+                          "large folios in whole until the next reboot (mm/memory.c: zswap_never_enabled()): later kernel-side "
+                          "runs with 16K to 1M folios then swap in 4 KiB pages", file=sys.stderr)
             if os.path.isdir(CGROUP_V1):
                 self.cgroup = os.path.join(CGROUP_V1, f"folioswap-bench-{os.getpid()}")
                 os.mkdir(self.cgroup)
