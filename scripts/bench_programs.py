@@ -27,8 +27,9 @@ cgroup (the kernel charges zswap's pool to cgroup v2 alone; measured here: a v1 
 its pages), so folioswap's `--swap-file none` is the like setup: the pool outside the
 limit. The kernel's limit is hard: where reclaim cannot keep up the kernel OOM-kills the program
 (reported as "failed", as is a run past `--timeout`). Every run's output must equal the unlimited run's. Medians of
-wall time go to stdout as a Markdown table, then a second one of what the runs that
-finished cost in memory: under folioswap the program's peak RSS (its compressed pool lives
+wall time go to stdout as a Markdown table, then the ratio of each folioswap side's median
+to each kernel side's (of the kernel's finished runs, and with its failed runs counted as
+its slowest), then a table of what the runs that finished cost in memory: under folioswap the program's peak RSS (its compressed pool lives
 in it; the swap file is on disk), under the kernel its peak RSS plus the most zram held
 (`mem_used_max`), which the cgroup's limit does not count, or with zswap plus the most
 zswap held (`Zswap:` of /proc/meminfo, sampled every 10 ms: the system's whole pool,
@@ -404,8 +405,35 @@ def main():
             runs = " / ".join("failed" if x is None else f"{x:.2f}" for x in t[n])
             cells.append(f"**{statistics.median(ok):.2f}** ({runs})" if len(ok) * 2 > len(t[n]) else f"failed ({runs})")
         print(f"| {name} | {rss >> 20} MiB | {limit >> 20} MiB | {wall0:.2f} | " + " | ".join(cells) + " |")
+    # Issue 14's bar is a ratio: each folioswap side's median over each kernel side's, of
+    # the kernel's finished runs and, in brackets, with its failed runs (OOM kills) counted
+    # as its slowest (a kernel side that failed in most runs then has no median: "-").
+    def median_failed_slowest(xs):
+        ordered = sorted(xs, key=lambda x: float("inf") if x is None else x)
+        mid = ordered[(len(ordered) - 1) // 2: len(ordered) // 2 + 1]
+        return None if None in mid else statistics.median(mid)
+
+    ours = [side for side, extra in sides if not isinstance(extra, str)]
+    theirs = [side for side, extra in sides if isinstance(extra, str)]
+    print()
+    print("| program | limit | " + " | ".join(f"{o} / {k}" for o in ours for k in theirs) + " |")
+    print("|---|---|" + "---|" * (len(ours) * len(theirs)))
+    for name, _, limit, _, t, _ in rows:
+        cells = []
+        for o in ours:
+            mine = [x for x in t[o] if x is not None]
+            for k in theirs:
+                done = [x for x in t[k] if x is not None]
+                if not mine or not done:
+                    cells.append("-")
+                    continue
+                slowest = median_failed_slowest(t[k])
+                with_kills = f"{statistics.median(mine) / slowest:.2f}" if slowest else "-"
+                cells.append(f"{statistics.median(mine) / statistics.median(done):.2f} ({with_kills})")
+        print(f"| {name} | {limit >> 20} MiB | " + " | ".join(cells) + " |")
     # What each side's finished runs cost in memory: folioswap's peak RSS holds its pool;
-    # the kernel's is its peak RSS plus zram's peak, which lies outside the cgroup's limit.
+    # the kernel's is its peak RSS plus zram's or zswap's peak, which lie outside the
+    # cgroup's limit.
     print()
     print("| program | limit | " + " | ".join(f"{n} peak MiB (median)" for n in names) + " |")
     print("|---|---|" + "---|" * len(names))
