@@ -218,7 +218,6 @@ class KernelSwap:
             return int(read(f"{ZRAM}/mm_stat").split()[4])
         return self.zswap_peak.stop()
 
-
     def close(self):
         errors = []
         if self.cgroup and os.path.isdir(self.cgroup):
@@ -292,6 +291,14 @@ def run_program(argv, stdout_path, timeout=None, env=None):
     with open(stdout_path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     return wall, digest, usage.ru_maxrss * 1024
+
+
+def median_failed_slowest(times):
+    """The median of `times` with each failed run (None) counted as slower than any that
+    finished; None where a failed run is in the middle (most runs failed)."""
+    ordered = sorted(times, key=lambda x: float("inf") if x is None else x)
+    mid = ordered[(len(ordered) - 1) // 2: len(ordered) // 2 + 1]
+    return None if None in mid else statistics.median(mid)
 
 
 def make_sort_input(path, mib):
@@ -380,8 +387,8 @@ def main():
                         if digest != digest0:
                             raise RuntimeError(f"{name} under {side}: output differs from the unlimited run")
                         # The memory the run cost: its peak RSS, and for the kernel what
-                        # zram held outside the limit besides (the two peaks may not
-                        # coincide, so their sum bounds the kernel's from above).
+                        # zram or zswap held outside the limit besides (the two peaks may
+                        # not coincide, so their sum bounds the kernel's from above).
                         swapped = ""
                         if isinstance(extra, str):
                             peak += kernel.extra_peak(extra)
@@ -407,12 +414,7 @@ def main():
         print(f"| {name} | {rss >> 20} MiB | {limit >> 20} MiB | {wall0:.2f} | " + " | ".join(cells) + " |")
     # Issue 14's bar is a ratio: each folioswap side's median over each kernel side's, of
     # the kernel's finished runs and, in brackets, with its failed runs (OOM kills) counted
-    # as its slowest (a kernel side that failed in most runs then has no median: "-").
-    def median_failed_slowest(xs):
-        ordered = sorted(xs, key=lambda x: float("inf") if x is None else x)
-        mid = ordered[(len(ordered) - 1) // 2: len(ordered) // 2 + 1]
-        return None if None in mid else statistics.median(mid)
-
+    # as its slowest.
     ours = [side for side, extra in sides if not isinstance(extra, str)]
     theirs = [side for side, extra in sides if isinstance(extra, str)]
     print()
