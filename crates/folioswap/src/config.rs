@@ -61,6 +61,54 @@ impl FromStr for Compressor {
     }
 }
 
+/// The second codec, for what the first leaves above 3/4 of its size (zram's
+/// `recomp_algorithm`). `Auto`, the default, is none where a swap file takes what the
+/// first codec cannot shrink (as zswap sends what it rejects to the swap device) and zstd:1
+/// where the pool is the last tier, so that such data is kept in two thirds rather than
+/// whole. With a swap file, GNU sort's text (which lz4 leaves whole and zstd:1 takes a
+/// third off) ran 0.50-0.92x the time from the file at 0.55-0.7 of its footprint, where
+/// recompressed it took room from the resident set in the charged pool, level at 0.8 and
+/// 1.14x at 0.5 (BENCHMARKS.md, "A second codec only where there is no swap file").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recomp {
+    Auto,
+    Codec(Compressor),
+}
+
+impl Recomp {
+    pub const ACCEPTED: &'static str = "auto, lz4, zstd, zstd:LEVEL (1-19) or none";
+    /// What `Auto` is where the pool is the last tier.
+    const WITHOUT_SWAP_FILE: Compressor = Compressor::Zstd { level: 1 };
+
+    /// The codec an engine uses, given whether it has a swap file.
+    pub fn resolve(self, swap_file: bool) -> Compressor {
+        match self {
+            Recomp::Auto if swap_file => Compressor::None,
+            Recomp::Auto => Self::WITHOUT_SWAP_FILE,
+            Recomp::Codec(c) => c,
+        }
+    }
+}
+
+impl fmt::Display for Recomp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Recomp::Auto => f.write_str("auto"),
+            Recomp::Codec(c) => c.fmt(f),
+        }
+    }
+}
+
+impl FromStr for Recomp {
+    type Err = ();
+    fn from_str(s: &str) -> std::result::Result<Self, ()> {
+        if s.trim().eq_ignore_ascii_case("auto") {
+            return Ok(Recomp::Auto);
+        }
+        s.parse().map(Recomp::Codec)
+    }
+}
+
 /// Who serves a fault on managed memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -241,8 +289,9 @@ pub struct Config {
     pub folio_size: FolioSize,
     pub compressor: Compressor,
     /// The second codec for what `compressor` leaves above 3/4 of its size (zram's
-    /// `recomp_algorithm`): the smaller result is stored. `None` for none.
-    pub recomp_algorithm: Compressor,
+    /// `recomp_algorithm`): the smaller result is stored. [`Recomp`] says what `auto` is.
+    #[serde(serialize_with = "serialize_display")]
+    pub recomp_algorithm: Recomp,
     /// Swap large folios out and in as independent 4 KiB pages, as the kernel did before
     /// THP swap (seed 000's "before"): the baseline every benchmark compares against.
     pub split_swap: bool,
@@ -353,7 +402,7 @@ impl Default for Config {
             charge_pool: true,
             folio_size: FolioSize::K64,
             compressor: Compressor::Lz4,
-            recomp_algorithm: Compressor::Zstd { level: 1 },
+            recomp_algorithm: Recomp::Auto,
             split_swap: false,
             swapin_enabled: SwapinPolicy::Adaptive,
             fault_mode: FaultMode::Thread,
@@ -389,7 +438,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FOLIOSWAP_CHARGE_POOL", "1/0, true/false, yes/no or on/off"),
     ("FOLIOSWAP_FOLIO_SIZE", FolioSize::ACCEPTED),
     ("FOLIOSWAP_COMPRESSOR", Compressor::ACCEPTED),
-    ("FOLIOSWAP_RECOMP_ALGORITHM", Compressor::ACCEPTED),
+    ("FOLIOSWAP_RECOMP_ALGORITHM", Recomp::ACCEPTED),
     ("FOLIOSWAP_SPLIT_SWAP", "1/0, true/false, yes/no or on/off"),
     ("FOLIOSWAP_SWAPIN_ENABLED", SwapinPolicy::ACCEPTED),
     ("FOLIOSWAP_FAULT_MODE", FaultMode::ACCEPTED),
@@ -559,7 +608,7 @@ impl Config {
     }
 
     fn parse_recomp_algorithm(mut self, var: &str, value: &str) -> Result<Config> {
-        self.recomp_algorithm = value.parse().map_err(|_| Error::config(var, value, Compressor::ACCEPTED))?;
+        self.recomp_algorithm = value.parse().map_err(|_| Error::config(var, value, Recomp::ACCEPTED))?;
         Ok(self)
     }
 
@@ -649,8 +698,8 @@ impl Config {
     pub fn compressor(self, value: &str) -> Result<Config> {
         self.parse_compressor("compressor", value)
     }
-    /// The secondary codec: `"zstd:1"` (the default), any value `compressor` takes, or
-    /// `"none"` for no second try.
+    /// The secondary codec: `"auto"` (the default: none with a swap file, zstd:1 without),
+    /// any value `compressor` takes, or `"none"` for no second try.
     pub fn recomp_algorithm(self, value: &str) -> Result<Config> {
         self.parse_recomp_algorithm("recomp_algorithm", value)
     }
@@ -808,7 +857,7 @@ mod tests {
         assert!(c.charge_pool && c.split_swap);
         assert_eq!(c.folio_size, FolioSize::K64);
         assert_eq!(c.compressor, Compressor::Zstd { level: 7 });
-        assert_eq!(c.recomp_algorithm, Compressor::None);
+        assert_eq!(c.recomp_algorithm, Recomp::Codec(Compressor::None));
         assert_eq!(c.fault_mode, FaultMode::Signal);
         assert_eq!(c.fault_threads, 3);
         assert_eq!(c.lru, LruPolicy::Fifo);
@@ -819,6 +868,25 @@ mod tests {
         assert!(!c.vma_ra_enabled && c.ra_stride && !c.ra_async && !c.pool_bypass && c.zero_scan);
         assert_eq!(c.page_cluster, 5);
         assert_eq!(c.evict_cluster, 0);
+    }
+
+    #[test]
+    fn recomp_auto_is_none_with_a_swap_file_and_zstd_without() {
+        assert_eq!(Config::default().recomp_algorithm, Recomp::Auto);
+        for (text, value) in [("auto", Recomp::Auto), (" AUTO ", Recomp::Auto), ("zstd:1", Recomp::Codec(Compressor::Zstd { level: 1 }))] {
+            assert_eq!(text.parse::<Recomp>(), Ok(value), "{text:?}");
+        }
+        assert_eq!(Recomp::Auto.to_string(), "auto");
+        assert_eq!(Recomp::Codec(Compressor::None).to_string(), "none");
+        assert_eq!(Recomp::Auto.resolve(true), Compressor::None);
+        assert_eq!(Recomp::Auto.resolve(false), Compressor::Zstd { level: 1 });
+        // What the user names is what the engine uses, file or not.
+        for c in [Compressor::None, Compressor::Lz4, Compressor::Zstd { level: 1 }] {
+            assert_eq!(Recomp::Codec(c).resolve(true), c);
+            assert_eq!(Recomp::Codec(c).resolve(false), c);
+        }
+        let err = Config::from_vars(vars(&[("FOLIOSWAP_RECOMP_ALGORITHM", "sometimes")])).unwrap_err().to_string();
+        assert!(err.contains("FOLIOSWAP_RECOMP_ALGORITHM") && err.contains("auto, lz4"), "{err}");
     }
 
     #[test]

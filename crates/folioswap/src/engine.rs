@@ -330,7 +330,8 @@ impl Engine {
             SwapTier::Configured(io) => SwapDevice::new(io, config.slot_cache, false),
             SwapTier::OnDemand(io) => SwapDevice::new(io, config.slot_cache, true),
         });
-        let tiers = Tiers::new(Zswap::new(config.compressor, config.recomp_algorithm, max_pool), file, &config);
+        let recomp = config.recomp_algorithm.resolve(file.is_some());
+        let tiers = Tiers::new(Zswap::new(config.compressor, recomp, max_pool), file, &config);
         // Thread mode's default: one fault thread kept on each CPU the engine may use.
         let fault_cpus = allowed_cpus();
         let pollers = match (config.fault_mode, config.fault_threads) {

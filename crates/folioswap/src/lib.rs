@@ -101,7 +101,7 @@ pub mod testing {
     pub use crate::evict::{set_before_copy_zap, set_before_move_out};
 }
 
-pub use config::{Compressor, Config, FaultMode, LruPolicy, SwapFileSpec, SwapinPolicy, ENV_VARS, PRELOAD_VARS};
+pub use config::{Compressor, Config, FaultMode, LruPolicy, Recomp, SwapFileSpec, SwapinPolicy, ENV_VARS, PRELOAD_VARS};
 pub use engine::{Engine, Quiesced};
 pub use error::{Error, Result};
 pub use fault::{forget_faulting_thread, forget_faulting_threads, register_faulting_thread, replace_chained_sigbus};

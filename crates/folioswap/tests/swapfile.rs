@@ -132,13 +132,14 @@ fn a_pool_that_only_passes_folios_through_is_bypassed() {
     }
 }
 
-/// Text that lz4 leaves as large as it was goes to the swap file, one disk read per fault,
-/// unless the secondary codec (`recomp_algorithm`, zstd:1 by default) shrinks it: then it
-/// stays in the pool. Both ways, every byte comes back.
+/// Text that lz4 leaves as large as it was goes to the swap file, as zswap sends what it
+/// rejects, unless a secondary codec (`recomp_algorithm`) shrinks it: then it stays in the
+/// pool. `auto`, the default, is no second codec where there is a swap file and zstd:1
+/// where the pool is the last tier. Every way, every byte comes back.
 #[test]
-fn text_lz4_cannot_shrink_stays_in_the_pool_with_the_secondary_codec() {
+fn text_lz4_cannot_shrink_goes_to_the_file_unless_a_secondary_codec_is_set() {
     for folio in ["2M", "4K"] {
-        for recomp in ["none", "zstd:1"] {
+        for recomp in ["none", "zstd:1", "auto"] {
             let config = Config::default().memory_high("16M").unwrap().recomp_algorithm(recomp).unwrap();
             let e = engine_with(Box::new(swap_file(256 << 20)), config);
             let mut a = e.map(24 * MIB, RegionOptions::default().folio_size(folio).unwrap()).unwrap();
@@ -146,18 +147,32 @@ fn text_lz4_cannot_shrink_stays_in_the_pool_with_the_secondary_codec() {
             check_text(&a, 3);
             check_text(&a, 3);
             let vm = e.stats().vm;
-            if recomp == "none" {
-                assert_eq!(vm.zswap_recompressed, 0, "{folio}: {vm:?}");
-                assert!(vm.zswap_reject_compress_poor > 0 && vm.pswpout > 0, "{folio}: lz4 alone sends text to the file: {vm:?}");
-            } else {
+            if recomp == "zstd:1" {
                 assert!(vm.zswap_recompressed > 0, "{folio}: {vm:?}");
                 assert_eq!(vm.zswap_reject_compress_poor, 0, "{folio}: zstd shrinks every page of text: {vm:?}");
                 // (Whether they are loaded from the pool or written back first depends on
                 // when the writeback pass runs: not asserted.)
                 assert!(vm.zswpout > 0, "{folio}: {vm:?}");
+            } else {
+                assert_eq!(vm.zswap_recompressed, 0, "{folio} {recomp}: {vm:?}");
+                assert!(vm.zswap_reject_compress_poor > 0 && vm.pswpout > 0, "{folio} {recomp}: lz4 alone sends text to the file: {vm:?}");
             }
         }
     }
+}
+
+/// Where the pool is the last tier, `auto` recompresses what lz4 cannot shrink, so that
+/// the text outside the limit is kept in two thirds; every byte comes back.
+#[test]
+fn text_is_recompressed_by_default_without_a_swap_file() {
+    let config = Config::default().memory_high("16M").unwrap().no_swap_file();
+    let e = Engine::new(config).unwrap_or_else(|e| panic!("cannot start the engine: {e}"));
+    let mut a = e.map(24 * MIB, RegionOptions::default().folio_size("4K").unwrap()).unwrap();
+    fill_text(&mut a, 5);
+    check_text(&a, 5);
+    let vm = e.stats().vm;
+    assert!(vm.zswap_recompressed > 0 && vm.zswpout > 0, "{vm:?}");
+    assert_eq!(vm.pswpout, 0, "no swap file: {vm:?}");
 }
 
 #[test]

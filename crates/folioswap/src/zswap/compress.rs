@@ -12,12 +12,15 @@
 //!
 //! lz4 has no entropy coder: text drawn from a small alphabet, or numbers printed as
 //! text, comes out of it as large as it went in, while zstd's Huffman stage still takes a
-//! third off (random lines of 36 letters: zstd:1 stores 4 KiB in about 2.7 KiB). Such a
-//! page would go to the swap file, a disk read per fault, so a page (or a folio stream)
-//! that the primary codec leaves above [`RECOMP_ABOVE`] of its size is compressed again
-//! with the secondary one and the smaller result is kept, as zram recompresses its
-//! "huge" pages with a second algorithm. Data that compresses under lz4 never pays for
-//! the second try; data that compresses under neither pays for both (`BENCHMARKS.md`).
+//! third off (random lines of 36 letters: zstd:1 stores 4 KiB in about 2.7 KiB). Where a
+//! secondary codec is set, a page (or a folio stream) that the primary codec leaves above
+//! [`RECOMP_ABOVE`] of its size is compressed again with it and the smaller result is
+//! kept, as zram recompresses its "huge" pages with a second algorithm. By default
+//! (`Recomp::Auto`) that is only where the pool is the last tier: with a swap file such a
+//! page goes there, as zswap sends what it rejects, and readahead brings it back faster
+//! than a charged pool holding it in two thirds would. Data that compresses under lz4
+//! never pays for the second try; data that compresses under neither pays for both
+//! (`BENCHMARKS.md`).
 //!
 //! Every encoded object starts with a tag byte naming its codec, so a load never depends
 //! on the current configuration, and either codec's objects decode alike. Compression
