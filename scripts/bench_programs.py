@@ -361,6 +361,21 @@ def main():
     if os.geteuid() != 0:
         sys.exit("refusing: the kernel's side needs root (zram, swapon, a memory cgroup)")
     tmp = tempfile.mkdtemp(prefix="fsw-programs-", dir="/var/tmp")
+    kernel = None
+
+    def on_signal(sig, frame):
+        # From here on, Ctrl-C or SIGTERM (even while the input is being made) kills the
+        # run, undoes every setting and removes the scratch directory.
+        for p in RUNNING:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        if kernel is not None:
+            kernel.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        sys.exit(130)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     programs = []
     if a.only is None or "sort" in a.only:
         src = os.path.join(tmp, "lines.txt")
@@ -374,20 +389,10 @@ def main():
 
     try:
         kernel = KernelSwap(a.kernel_swap, "8G")
-    except BaseException:  # its refusals exit: the scratch directory must not stay behind
+    except BaseException:  # its refusals exit (and a signal in it closes what it set up)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
-    def on_signal(sig, frame):
-        for p in RUNNING:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        kernel.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-        sys.exit(130)
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
     sides = [("folioswap", [])] + [(f"folioswap {' '.join(v)}", v) for v in a.variant] + [
         (f"kernel zswap ({kernel.zswap_compressor})" if k == "zswap" else f"kernel {k}", k) for k in a.kernel_swap]
     rows = []
