@@ -270,10 +270,10 @@ def run_program(argv, timeout=None, env=None):
     Its output comes through a pipe and is hashed here as it comes. It is not written to a
     file: the kernel's side runs in a memory cgroup, and a file it writes leaves page cache
     charged to that cgroup's limit, dirty until written back, which folioswap's limit does
-    not count. Sort's 50 MiB of output at a 59 MiB limit had the kernel OOM-killed in a third
-    of its runs and its median 2.0 s, against 1.7 s and no kill through a pipe; even the
-    dict's one line to a file on ext4 cost it 0.1 s (BENCHMARKS.md, "The kernel's side
-    wrote its output into its own limit")."""
+    not count. Written to a file, sort's 50 MiB of output at a 59 MiB limit got the kernel
+    OOM-killed in 1 of 5 runs and a median of 2.0 s, against 1.7 s and no kill through a
+    pipe (5 runs each, in turns); even the dict's one line to a file on ext4 cost it 0.1 s
+    (BENCHMARKS.md, "The kernel's side wrote its output into its own limit")."""
     start = time.monotonic()
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env)
     RUNNING.append(p)

@@ -17,8 +17,9 @@
 //! [`RECOMP_ABOVE`] of its size is compressed again with it and the smaller result is
 //! kept, as zram recompresses its "huge" pages with a second algorithm. By default
 //! (`Recomp::Auto`) that is only where the pool is the last tier: with a swap file such a
-//! page goes there, as zswap sends what it rejects, and readahead brings it back faster
-//! than a charged pool holding it in two thirds would. Data that compresses under lz4
+//! page goes there, as zswap sends what it rejects, and readahead brings it back: GNU
+//! sort at 0.55-0.7 of its footprint ran faster so than with a charged pool holding its
+//! text in two thirds (slower at 0.5, `config.rs` `Recomp`). Data that compresses under lz4
 //! never pays for the second try; data that compresses under neither pays for both
 //! (`BENCHMARKS.md`).
 //!
