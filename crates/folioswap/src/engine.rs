@@ -20,7 +20,7 @@ use crate::reclaim_ctl::ReclaimCtl;
 use crate::remote::RemoteTier;
 use crate::size::format_bytes;
 use crate::size::{physical_memory, FolioSize};
-use crate::staging::{Staging, MAX_BATCH_LANES};
+use crate::staging::Staging;
 use crate::stats::{Counters, LatencyHistogram, MemoryStat, Stats};
 use crate::swapfile::io::{on_demand_dir, SwapFile, SwapIo};
 use crate::swapfile::sealed::SealedIo;
@@ -308,18 +308,12 @@ impl Engine {
         // Both are charged to memory_high, so under a small limit both shrink with it: the
         // reserve to 256 KiB (a 4 KiB swap-in takes one filled slot and leaves one, so a
         // few are all it keeps busy; at 41M the former floor of 2M was a twentieth of the
-        // dict's limit, BENCHMARKS.md, "The staging reserve's floor"), the open batch slots,
-        // one per background reclaimer, to 256 KiB filled together (an emptying, one TLB
-        // shootdown, per 64 evicted 4 KiB folios instead of 512), and to 2 MiB each from a
-        // limit of 64 MiB per reclaimer.
+        // dict's limit, BENCHMARKS.md, "The staging reserve's floor"), a batch slot to
+        // 256 KiB filled (an emptying, one TLB shootdown, per 64 evicted 4 KiB folios
+        // instead of 512).
         let reserve = config.memory_high.map(|m| (m / 128).clamp(256 << 10, 32 << 20)).unwrap_or(32 << 20);
-        let reclaimers = match config.reclaim_threads {
-            0 => ncpu(),
-            n => n,
-        };
-        let lanes = reclaimers.clamp(1, MAX_BATCH_LANES);
-        let batch_bytes = config.memory_high.map(|m| m / 64).unwrap_or(u64::MAX).clamp(256 << 10, lanes as u64 * (2 << 20));
-        let staging = Staging::new(staging_uffd, trash_uffd, reserve as usize, batch_bytes as usize, lanes)
+        let batch_bytes = config.memory_high.map(|m| (m / 64).clamp(256 << 10, 2 << 20)).unwrap_or(2 << 20);
+        let staging = Staging::new(staging_uffd, trash_uffd, reserve as usize, batch_bytes as usize)
             .map_err(|e| Error::sys("setting up staging (pagemap, trash)", e))?;
         let max_pool = config.max_pool.resolve(physical_memory());
         // The pool is charged only where what does not fit can leave memory (a swap file);
@@ -395,6 +389,10 @@ impl Engine {
             Ok(())
         };
         let spawn = |name: String, f: fn(Arc<Mm>), threads: &mut Vec<JoinHandle<()>>| spawn_on(name, None, f, threads);
+        let reclaimers = match mm.config.reclaim_threads {
+            0 => ncpu(),
+            n => n,
+        };
         for i in 0..reclaimers {
             spawn(format!("fsw-kswapd{i}"), crate::reclaim::kswapd, &mut threads)?;
         }

@@ -20,8 +20,7 @@
 //!
 //! One MOVE of a run costs one TLB shootdown where a MOVE per folio costs one each: 256
 //! 4 KiB moves took 232 IPIs and 3.2 ms, one 1 MiB move 1 IPI and 41 µs. Runs are
-//! appended to the evictor's lane's open batch slot (`Staging::take_batch_space`; each
-//! background reclaimer has its own), emptied once it is full
+//! appended to one open batch slot (`Staging::take_batch_space`), emptied once it is full
 //! and its last member has left (`Staging::end_batch_member`), so that emptying it costs
 //! one more shootdown per 2 MiB evicted, not per run; which is also why small folios are
 //! installed back by UFFDIO_COPY, leaving the slot's pages put.
@@ -121,8 +120,8 @@ fn shrink_one_timed(mm: &Mm, scratch: &mut CodecScratch, who: Reclaimer) -> Recl
         }
     }
     stages::lap(times, Stage::EvictPick);
-    // 3. Move out: a 2 MiB folio into a slot of its own, a run of smaller ones into this
-    // thread's lane's open batch slot.
+    // 3. Move out: a 2 MiB folio into a slot of its own, a run of smaller ones into the
+    // open batch slot.
     let count = run.len();
     let space = if folio.is_huge() {
         mm.staging.take_hole(folio.order(), &mm.memcg).map(|slot| Staged { slot, page: 0 })

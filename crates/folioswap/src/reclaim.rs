@@ -29,7 +29,6 @@ thread_local! {
 
 /// A background reclaimer: sleeps under the high watermark, evicts down to the low one.
 pub(crate) fn kswapd(mm: Arc<Mm>) {
-    mm.staging.join_batch_lane();
     let mut scratch = CodecScratch::new();
     let stopping = || mm.stop.load(Ordering::Acquire);
     while !stopping() {

@@ -31,10 +31,8 @@
 //! the LRU head moves out with one UFFDIO_MOVE into a 2 MiB batch slot, because every MOVE
 //! flushes the TLB of every CPU the process runs on, and an inter-processor interrupt is
 //! a VM exit here: 256 separate 4 KiB moves cost 232 shootdowns and 3.2 ms, one 1 MiB
-//! move of the same pages one shootdown and 41 µs. Runs are appended to an *open* batch
-//! slot until it is full (`take_batch_space`): short runs to the evictor's lane's own
-//! (each background reclaimer has one, so that two do not queue on one destination page
-//! table's lock), a stream's long runs to the first lane's; each at pages never used before in it (a
+//! move of the same pages one shootdown and 41 µs. Runs are appended to one *open* batch
+//! slot until it is full (`take_batch_space`), each at pages never used before in it (a
 //! MOVE needs an empty destination), so that emptying it, one move into the trash (or
 //! MADV_DONTNEED) and so one more shootdown, is paid per 2 MiB evicted rather than per
 //! run: with random access a run is often a single 4 KiB folio. Each member is compressed
@@ -44,10 +42,9 @@
 use crate::memcg::{Component, MemCg};
 use crate::size::{FolioSize, HUGE_SIZE, PAGE_SIZE};
 use crate::uffd::{PageMap, Uffd, REGISTER_MODE_WP};
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
 /// A staging slot: folio order and index within that order's area.
@@ -91,31 +88,13 @@ struct Batch {
     left_bytes: u64,
 }
 
-/// The batch slots with members, and the open ones runs are appended to, one per lane:
-/// its index and its next unused page.
+/// The batch slots with members, and the open one runs are appended to: its index and
+/// its next unused page.
+#[derive(Default)]
 struct Batches {
     slots: HashMap<u32, Batch>,
-    open: Vec<Option<(u32, u32)>>,
+    open: Option<(u32, u32)>,
 }
-
-impl Batches {
-    fn is_open(&self, index: u32) -> bool {
-        self.open.iter().any(|o| o.is_some_and(|(i, _)| i == index))
-    }
-}
-
-/// The most batch lanes an engine keeps (`Staging::new`).
-pub(crate) const MAX_BATCH_LANES: usize = 8;
-/// Runs of at most this many pages go to the evictor's own lane.
-const SHORT_RUN_PAGES: u32 = 16;
-
-thread_local! {
-    /// The calling thread's batch lane (modulo an engine's lanes): a background reclaimer's
-    /// own (`Staging::join_batch_lane`), any other evictor's dealt round-robin at its first
-    /// eviction.
-    static LANE: Cell<usize> = const { Cell::new(usize::MAX) };
-}
-static NEXT_LANE: AtomicUsize = AtomicUsize::new(0);
 
 struct FreeLists {
     holes: Vec<u32>,
@@ -168,14 +147,10 @@ pub(crate) struct Staging {
     reserved: AtomicU64,
     /// Pages of a batch slot that runs fill before it is closed: all 512 under a large
     /// limit; under a small one fewer, since the pages of members already stored stay
-    /// charged (as StagingFree) until the slot is emptied, and the lanes share that budget.
+    /// charged (as StagingFree) until the slot is emptied.
     batch_pages: u32,
     areas: [OnceLock<Area>; 10],
     batches: Mutex<Batches>,
-    /// How many batch slots are open at once, one per lane.
-    lanes: usize,
-    /// The lane the next background reclaimer takes (`join_batch_lane`).
-    next_reclaimer_lane: AtomicUsize,
     /// Moves into the trash that met a busy page and were tried again (`empty`).
     retries: AtomicU64,
 }
@@ -233,11 +208,8 @@ impl Area {
 
 impl Staging {
     /// Staging registered on `uffd`; with `trash_uffd` (move mode, where `uffd` is the
-    /// region's), emptied through a trash registered on that one. `batch_bytes`: the most
-    /// the open batch slots hold filled, together; `lanes`: how many are open at once (1 to
-    /// [`MAX_BATCH_LANES`]).
-    pub fn new(uffd: Uffd, trash_uffd: Option<Uffd>, reserve_bytes: usize, batch_bytes: usize, lanes: usize) -> io::Result<Staging> {
-        let lanes = lanes.clamp(1, MAX_BATCH_LANES);
+    /// region's), emptied through a trash registered on that one.
+    pub fn new(uffd: Uffd, trash_uffd: Option<Uffd>, reserve_bytes: usize, batch_bytes: usize) -> io::Result<Staging> {
         let trash = match trash_uffd {
             Some(trash_uffd) => {
                 let base = crate::sys::map_aligned(TRASH_BYTES, HUGE_SIZE).map_err(io::Error::from_raw_os_error)?;
@@ -254,11 +226,9 @@ impl Staging {
             pagemap: PageMap::open()?,
             reserve_bytes: reserve_bytes as u64,
             reserved: AtomicU64::new(0),
-            batch_pages: (batch_bytes / lanes / PAGE_SIZE).clamp(1, HUGE_SIZE / PAGE_SIZE) as u32,
+            batch_pages: (batch_bytes / PAGE_SIZE).clamp(1, HUGE_SIZE / PAGE_SIZE) as u32,
             areas: Default::default(),
-            batches: Mutex::new(Batches { slots: HashMap::new(), open: vec![None; lanes] }),
-            lanes,
-            next_reclaimer_lane: AtomicUsize::new(0),
+            batches: Mutex::new(Batches::default()),
             retries: AtomicU64::new(0),
         })
     }
@@ -324,49 +294,22 @@ impl Staging {
         unsafe { std::slice::from_raw_parts_mut(self.staged_addr(at) as *mut u8, len) }
     }
 
-    /// Put the calling thread, a background reclaimer, on a batch lane of its own: the
-    /// reclaimers take the lanes in turn.
-    pub fn join_batch_lane(&self) {
-        let lane = self.next_reclaimer_lane.fetch_add(1, Ordering::Relaxed);
-        LANE.with(|l| l.set(lane));
-    }
-
-    /// The calling thread's open batch slot among `lanes`.
-    fn my_lane(lanes: usize) -> usize {
-        LANE.with(|l| {
-            if l.get() == usize::MAX {
-                l.set(NEXT_LANE.fetch_add(1, Ordering::Relaxed));
-            }
-            l.get() % lanes
-        })
-    }
-
-    /// Room for an eviction run of `pages` pages and `members` folios in the calling
-    /// thread's lane's open batch slot, at pages not used before (a valid MOVE
-    /// destination); a full open slot (past `batch_pages`) is closed and a fresh 2 MiB hole
-    /// opened, which takes a run of any length up to 2 MiB. Each member leaves with
-    /// `end_batch_member`. Evictors on different lanes MOVE into different slots, so that
-    /// they do not queue on one destination page table's lock: with one open slot, two
-    /// reclaimers evicting 4 KiB random writes spent 5% of their samples spinning on it in
-    /// `move_pages_ptes`, and with a slot each they wrote a fifth faster. Runs longer than
-    /// [`SHORT_RUN_PAGES`] are a stream's, few per slot: they share the first lane's,
-    /// since with lanes of their own 64 KiB sequential writes ran slower in four
-    /// comparisons of five (BENCHMARKS.md, "One open batch slot per reclaimer").
+    /// Room for an eviction run of `pages` pages and `members` folios in the open batch
+    /// slot, at pages not used before (a valid MOVE destination); a full open slot (past
+    /// `batch_pages`) is closed and a fresh 2 MiB hole opened, which takes a run of any
+    /// length up to 2 MiB. Each member leaves with `end_batch_member`.
     pub fn take_batch_space(&self, pages: u32, members: u32, memcg: &MemCg) -> io::Result<Staged> {
         debug_assert!(pages as usize <= HUGE_SIZE / PAGE_SIZE);
-        // A short run (random access: one page, or a 64 KiB cluster) takes the thread's
-        // lane; a stream's long runs, few per slot, share lane 0.
-        let lane = if pages <= SHORT_RUN_PAGES { Self::my_lane(self.lanes) } else { 0 };
         loop {
             {
                 let mut b = self.batches.lock().unwrap();
-                if let Some((index, next)) = b.open[lane] {
+                if let Some((index, next)) = b.open {
                     if next + pages <= self.batch_pages.max(pages) {
-                        b.open[lane] = Some((index, next + pages));
+                        b.open = Some((index, next + pages));
                         b.slots.get_mut(&index).expect("the open batch").members += members;
                         return Ok(Staged { slot: Slot { order: FolioSize::M2.order(), index }, page: next });
                     }
-                    let done = self.close_locked(&mut b, lane);
+                    let done = self.close_locked(&mut b);
                     drop(b);
                     if let Some((index, bytes)) = done {
                         self.release_batch(index, bytes, memcg);
@@ -376,35 +319,33 @@ impl Staging {
             // No lock held: taking a hole may wait for one.
             let slot = self.take_hole(FolioSize::M2.order(), memcg)?;
             let mut b = self.batches.lock().unwrap();
-            if b.open[lane].is_some() {
-                // Another evictor on this lane opened one meanwhile: use it, give this hole back.
+            if b.open.is_some() {
+                // Another evictor opened one meanwhile: use it, give this hole back.
                 drop(b);
                 self.put_hole(slot);
                 continue;
             }
             b.slots.insert(slot.index, Batch { members: 0, left_bytes: 0 });
-            b.open[lane] = Some((slot.index, 0));
+            b.open = Some((slot.index, 0));
         }
     }
 
-    /// Close the open batch slots (memory is short): each is emptied as soon as its last
+    /// Close the open batch slot (memory is short): it is emptied as soon as its last
     /// member is done, at once if none is left.
     pub fn close_open_batch(&self, memcg: &MemCg) -> u64 {
-        let done: Vec<(u32, u64)> = {
-            let mut b = self.batches.lock().unwrap();
-            (0..b.open.len()).filter_map(|lane| self.close_locked(&mut b, lane)).collect()
-        };
-        done.into_iter()
-            .map(|(index, bytes)| {
+        let done = self.close_locked(&mut self.batches.lock().unwrap());
+        match done {
+            Some((index, bytes)) => {
                 self.release_batch(index, bytes, memcg);
                 bytes
-            })
-            .sum()
+            }
+            None => 0,
+        }
     }
 
     /// Close the open slot; if no member is left in it, forget it and return what to release.
-    fn close_locked(&self, b: &mut Batches, lane: usize) -> Option<(u32, u64)> {
-        let (index, _) = b.open[lane].take()?;
+    fn close_locked(&self, b: &mut Batches) -> Option<(u32, u64)> {
+        let (index, _) = b.open.take()?;
         (b.slots[&index].members == 0).then(|| (index, b.slots.remove(&index).expect("present").left_bytes))
     }
 
@@ -414,11 +355,11 @@ impl Staging {
     pub fn end_batch_member(&self, slot: Slot, left_bytes: u64, memcg: &MemCg) {
         let done = {
             let mut b = self.batches.lock().unwrap();
-            let open = b.is_open(slot.index);
+            let open = b.open.map(|(index, _)| index);
             let batch = b.slots.get_mut(&slot.index).expect("a batch for this slot");
             batch.members -= 1;
             batch.left_bytes += left_bytes;
-            (batch.members == 0 && !open).then(|| b.slots.remove(&slot.index).expect("present").left_bytes)
+            (batch.members == 0 && open != Some(slot.index)).then(|| b.slots.remove(&slot.index).expect("present").left_bytes)
         };
         if let Some(bytes) = done {
             self.release_batch(slot.index, bytes, memcg);
@@ -781,47 +722,7 @@ mod tests {
         let open = |features| {
             Uffd::open(features).unwrap_or_else(|e| panic!("this test needs a userfaultfd with UFFDIO_MOVE (root, 6.8+): {e:?}"))
         };
-        Staging::new(open(FEATURE_MOVE), Some(open(FEATURE_MOVE)), reserve_bytes, 2 * HUGE_SIZE, 2).expect("staging")
-    }
-
-    /// Two background reclaimers, each on a lane of its own, append their short runs to
-    /// two different open batch slots, each run after the one before in its own, and a
-    /// long run to the first lane's; closing the open slots once their members are done
-    /// empties both.
-    #[test]
-    fn reclaimers_on_two_lanes_fill_two_batch_slots() {
-        let staging = move_mode_staging(0);
-        let memcg = MemCg::new(None, false);
-        let (staging, memcg) = (&staging, &memcg);
-        let take = || {
-            staging.join_batch_lane();
-            let first = staging.take_batch_space(4, 1, memcg).unwrap();
-            let second = staging.take_batch_space(2, 1, memcg).unwrap();
-            (first, second)
-        };
-        let (a, b) = std::thread::scope(|s| (s.spawn(take).join().unwrap(), s.spawn(take).join().unwrap()));
-        for (first, second) in [a, b] {
-            assert_eq!((first.page, second.page), (0, 4));
-            assert_eq!(first.slot, second.slot);
-        }
-        assert_ne!(a.0.slot, b.0.slot, "two lanes, one slot");
-        // A long run goes to the first lane's slot, whoever evicts it.
-        let long = std::thread::scope(|s| {
-            s.spawn(|| {
-                staging.join_batch_lane();
-                staging.take_batch_space(SHORT_RUN_PAGES + 1, 1, memcg).unwrap()
-            })
-            .join()
-            .unwrap()
-        });
-        assert_eq!((long.slot, long.page), (a.0.slot, 6));
-        for at in [a.0, a.1, b.0, b.1, long] {
-            staging.end_batch_member(at.slot, 0, memcg);
-        }
-        assert_eq!(staging.batches.lock().unwrap().slots.len(), 2, "open slots stay until closed");
-        staging.close_open_batch(memcg);
-        let batches = staging.batches.lock().unwrap();
-        assert!(batches.slots.is_empty() && batches.open.iter().all(Option::is_none));
+        Staging::new(open(FEATURE_MOVE), Some(open(FEATURE_MOVE)), reserve_bytes, HUGE_SIZE).expect("staging")
     }
 
     /// A thread that finds every slot out sleeps until one comes back and is woken by
