@@ -13,7 +13,9 @@ before its two ends (the second end 50 ms late, to take the sample that covers i
 to a sampling interval, enough to tell where the swap file is read. Prints the phases'
 seconds, then per phase `pgmajfault`, `zswpin`, `pswpin` (reads from the swap file),
 `zswpwb` and `swap_ra_hit`. Two builds are compared by running this in turns with
-`--folioswap` pointing at each.
+`--folioswap` pointing at each. `--timeline` prints every sample as well (a table row
+each: when it arrived, from the program's start; resident and pool memory; and what the
+interval before it faulted, wrote back and read from the swap file).
 """
 import argparse
 import json
@@ -53,6 +55,7 @@ def main():
     ap.add_argument("--limit", default="41M")
     ap.add_argument("--folioswap", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "release", "folioswap"))
     ap.add_argument("--n", type=int, default=300000)
+    ap.add_argument("--timeline", action="store_true", help="also print every sample: seconds from the program's start, resident and pool MiB, and the faults, pages written back and pages read from the swap file since the sample before")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         prog, stamps = os.path.join(tmp, "pydict.py"), os.path.join(tmp, "stamps")
@@ -70,7 +73,8 @@ def main():
                 stat = subprocess.Popen([a.folioswap, "stat", "--interval", str(INTERVAL), "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
                 stats.append(stat)
                 for line in stat.stdout:
-                    samples.append((time.monotonic(), json.loads(line)["total"]))
+                    sample = json.loads(line)
+                    samples.append((time.monotonic(), sample["total"], sample["resident_bytes"], sample["pool_total_bytes"]))
                 if samples:
                     return
                 time.sleep(0.01)
@@ -92,7 +96,7 @@ def main():
 
     def at(when):
         last = {}
-        for stamp, total in samples:
+        for stamp, total, _, _ in samples:
             if stamp <= when:
                 last = total
         return last
@@ -101,6 +105,13 @@ def main():
     for counter in COUNTERS:
         cells = [at(b + INTERVAL).get(counter, 0) - at(a).get(counter, 0) for _, a, b in phases]
         print(f"{counter:12}" + ", ".join(f"{name} {v}" for (name, _, _), v in zip(phases, cells)))
+    if a.timeline:
+        print(f"t (build ends {t[2] - t[0]:.2f}, lookups {t[3] - t[0]:.2f}) | resident MiB | pool MiB | faults | written back | read from the file")
+        before = {}
+        for stamp, total, resident, pool in samples:
+            delta = {k: total.get(k, 0) - before.get(k, 0) for k in ("pgmajfault", "zswpwb", "pswpin")}
+            before = total
+            print(f"{stamp - t[0]:.2f} | {resident / 2**20:.1f} | {pool / 2**20:.1f} | {delta['pgmajfault']} | {delta['zswpwb']} | {delta['pswpin']}")
 
 
 if __name__ == "__main__":
