@@ -476,7 +476,7 @@ fn threads_that_come_and_go_while_swapping_verify_every_word() {
 }
 
 /// CPython's bytearray (malloc/realloc) filled, hashed, and the digest compared with a run
-/// without folioswap.
+/// without folioswap; its one thread woken by fault threads at idle priority.
 #[test]
 fn python_bytearray_under_run() {
     let _serial = serial();
@@ -501,6 +501,13 @@ fn python_bytearray_under_run() {
     run.assert_success();
     assert_eq!(run.stdout.trim(), digest, "the digest differs from the run without folioswap\n{}", run.describe());
     run.assert_total_positive("zswpout");
+    // One program thread: its fault threads woke it at idle priority, so that it stayed on
+    // its CPU (`local_wake.rs`; root has CAP_SYS_NICE, which the way back needs).
+    assert!(
+        run.total("fault_wake_local") > 0,
+        "no wake-up at SCHED_IDLE for a single-threaded program (needs thread mode, two CPUs or more, and root or CAP_SYS_NICE)\n{}",
+        run.describe()
+    );
 }
 
 /// Blocks of 1 MiB, such as CPython's arenas, under a 2 MiB cap (`--folio 2M`): each is a

@@ -341,6 +341,10 @@ pub struct Config {
     /// written bits with `PAGEMAP_SCAN` every memory_high/32 of evictions (`written.rs`),
     /// and reads them at the inactive head (`evict.rs`, `pick_victim`).
     pub written_aging: bool,
+    /// In thread mode, a fault thread kept on a CPU wakes a faulting thread at
+    /// SCHED_IDLE while the program runs one thread, so that the scheduler leaves that
+    /// thread on its CPU instead of moving it to the idle one (`local_wake.rs`).
+    pub local_wake: bool,
     /// Order-0 swap slots a thread caches, allocated and returned in batches of this many
     /// (the kernel's per-CPU swap slot cache); 0 turns the caches off.
     pub slot_cache: usize,
@@ -417,6 +421,7 @@ impl Default for Config {
             pool_bypass: true,
             zero_scan: false,
             written_aging: false,
+            local_wake: true,
             slot_cache: 64,
             vma_ra_enabled: true,
             page_cluster: 7,
@@ -458,6 +463,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FOLIOSWAP_POOL_BYPASS", "1/0, true/false, yes/no or on/off"),
     ("FOLIOSWAP_ZERO_SCAN", "1/0, true/false, yes/no or on/off"),
     ("FOLIOSWAP_WRITTEN_AGING", "1/0, true/false, yes/no or on/off"),
+    ("FOLIOSWAP_LOCAL_WAKE", "1/0, true/false, yes/no or on/off"),
     ("FOLIOSWAP_SHARED_LIMIT", "the path of a file through which processes share memory_high"),
     ("FOLIOSWAP_REMOTE_TIER", crate::remote::RemoteSpec::ACCEPTED),
     ("FOLIOSWAP_REMOTE_TIMEOUT_MS", "milliseconds from 100 to 600000"),
@@ -555,6 +561,7 @@ impl Config {
             "FOLIOSWAP_POOL_BYPASS" => self.pool_bypass(parse_bool(var, value)?),
             "FOLIOSWAP_ZERO_SCAN" => self.zero_scan(parse_bool(var, value)?),
             "FOLIOSWAP_WRITTEN_AGING" => self.written_aging(parse_bool(var, value)?),
+            "FOLIOSWAP_LOCAL_WAKE" => self.local_wake(parse_bool(var, value)?),
             // Empty is no path: refused here rather than when the engine cannot open it.
             "FOLIOSWAP_SHARED_LIMIT" if value.is_empty() => return Err(Error::config(var, value, accepted(var))),
             "FOLIOSWAP_SHARED_LIMIT" => self.shared_limit(value),
@@ -809,6 +816,10 @@ impl Config {
         self.written_aging = on;
         self
     }
+    pub fn local_wake(mut self, on: bool) -> Config {
+        self.local_wake = on;
+        self
+    }
 }
 
 #[cfg(test)]
@@ -992,6 +1003,7 @@ mod tests {
             "FOLIOSWAP_POOL_BYPASS" => c.pool_bypass.to_string(),
             "FOLIOSWAP_ZERO_SCAN" => c.zero_scan.to_string(),
             "FOLIOSWAP_WRITTEN_AGING" => c.written_aging.to_string(),
+            "FOLIOSWAP_LOCAL_WAKE" => c.local_wake.to_string(),
             "FOLIOSWAP_SHARED_LIMIT" => c.shared_limit.as_deref().map(path).unwrap_or_default(),
             "FOLIOSWAP_REMOTE_TIER" => c.remote_tier.as_ref().map(|r| r.to_string()).unwrap_or_else(|| "none".into()),
             "FOLIOSWAP_REMOTE_TIMEOUT_MS" => c.remote_timeout_ms.to_string(),

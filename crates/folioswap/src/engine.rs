@@ -10,6 +10,7 @@ use crate::config::{Config, FaultMode};
 use crate::error::{Error, Result};
 use crate::event_queue::EventQueue;
 use crate::gate::kick;
+use crate::local_wake::LocalWake;
 use crate::lru::Lru;
 use crate::memcg::{Component, MemCg};
 use crate::mm::{Mm, ReclaimHooks};
@@ -338,6 +339,7 @@ impl Engine {
             (FaultMode::Thread, 0) => Pollers::kept_on(&fault_cpus).map_err(|e| Error::sys("eventfd", e))?,
             _ => Pollers::everyone(),
         };
+        let local_wake = LocalWake::new(config.local_wake && config.fault_mode == FaultMode::Thread, pollers.kept_slots());
         let mm = Arc::new(Mm {
             id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
             uffd,
@@ -359,6 +361,7 @@ impl Engine {
             prefaulting: AtomicUsize::new(0),
             kick_fd: kick,
             pollers,
+            local_wake,
             stop: AtomicBool::new(false),
             managed_bytes: AtomicU64::new(0),
             regions: AtomicU64::new(0),

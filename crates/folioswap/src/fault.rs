@@ -144,6 +144,7 @@ enum Step {
 pub(crate) fn fault_thread(mm: Arc<Mm>) {
     // Which slot of the poll token is this thread's (`pollers.rs`).
     let slot = mm.pollers.claim_slot();
+    crate::local_wake::LocalWake::join(slot);
     let mut fds = [
         libc::pollfd { fd: mm.uffd.raw_fd(), events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: mm.kick_fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
@@ -158,8 +159,13 @@ pub(crate) fn fault_thread(mm: Arc<Mm>) {
         }
         // Without the token, poll(2) skips the userfaultfd (a negative descriptor).
         fds[0].fd = if mm.pollers.polls(slot) { mm.uffd.raw_fd() } else { -1 };
+        // Without it, watch for the token's holder left at idle priority (`local_wake.rs`).
+        let timeout = if fds[0].fd < 0 { mm.local_wake.watch_timeout() } else { -1 };
         // SAFETY: `fds` is a valid array of three pollfds that outlives the call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+        if n == 0 {
+            mm.local_wake.rescue(|| mm.uffd.has_message(), &mm.counters);
+        }
         if n <= 0 {
             continue;
         }

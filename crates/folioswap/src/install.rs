@@ -274,8 +274,9 @@ fn install(mm: &Mm, table: &FolioTable, head: usize, folio: FolioSize, how: Tran
 }
 
 /// Wake the threads waiting on a folio, once its state and counters are published
-/// (installs do not wake, so that whoever resumes sees the fault accounted). Signal
-/// mode has nobody waiting.
+/// (installs do not wake, so that whoever resumes sees the fault accounted); from a fault
+/// thread, so that the woken thread stays on its CPU (`local_wake.rs`). Signal mode has
+/// nobody waiting.
 ///
 /// Without the gate: a wake changes no memory, and one that an UNMAP or REMAP read
 /// meanwhile sends to an address the folio has left only makes whatever waits there
@@ -285,6 +286,6 @@ pub(crate) fn wake_folio(mm: &Mm, table: &FolioTable, target: usize, folio: Foli
         return;
     }
     if let Some(addr) = table.folio_addr(target, folio.pages()) {
-        mm.uffd.wake(addr, folio.bytes());
+        mm.local_wake.wake(&mm.uffd, addr, folio.bytes(), &mm.counters, |slot| mm.pollers.wake_others(slot));
     }
 }

@@ -25,7 +25,8 @@
 //! - state, no behaviour beyond its own invariants: `folio` (the state machine),
 //!   `ra_window`, `table` (a region's folio table), `memcg` (charges and watermarks),
 //!   `staging`, `lru`, `reclaim_ctl`, `zero_pace` (the zero scan's place and pace),
-//!   `pollers` (which fault threads poll the userfaultfd), `event_queue`, `own_zaps`, `ra_cache`, `zswap/` (the pool), `seal`
+//!   `pollers` (which fault threads poll the userfaultfd), `local_wake` (a woken thread
+//!   kept on its CPU: the fault thread at SCHED_IDLE for the wake-up), `event_queue`, `own_zaps`, `ra_cache`, `zswap/` (the pool), `seal`
 //!   (page encryption), `swapfile/` (the swap file, `--encrypt`), `remote` (a Redis/Valkey
 //!   cluster in the swap file's place), `pool_share` (how much of the limit a charged
 //!   pool holds), `pool_bypass` (when the pool only passes folios through to the file),
@@ -56,6 +57,7 @@ mod written;
 
 mod event_queue;
 mod folio;
+mod local_wake;
 mod lru;
 mod memcg;
 mod own_zaps;

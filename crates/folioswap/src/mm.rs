@@ -42,6 +42,7 @@
 
 use crate::config::Config;
 use crate::event_queue::EventQueue;
+use crate::local_wake::LocalWake;
 use crate::lru::Lru;
 use crate::memcg::MemCg;
 use crate::own_zaps::OwnZaps;
@@ -102,6 +103,8 @@ pub(crate) struct Mm {
     pub kick_fd: OwnedFd,
     /// Which fault threads poll the userfaultfd (`pollers.rs`).
     pub pollers: Pollers,
+    /// Wake-ups at SCHED_IDLE that keep a faulting thread on its CPU (`local_wake.rs`).
+    pub local_wake: LocalWake,
     pub stop: AtomicBool,
     pub managed_bytes: AtomicU64,
     pub regions: AtomicU64,

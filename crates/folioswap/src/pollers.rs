@@ -108,6 +108,17 @@ impl Pollers {
         self.cpus.iter().position(|&c| c == cpu)
     }
 
+    /// How many fault threads are kept on CPUs, one slot each (0: every thread polls).
+    pub fn kept_slots(&self) -> usize {
+        self.cpus.len()
+    }
+
+    /// Make every fault thread but the one of `slot` look at the token, and at its
+    /// timeout (`local_wake.rs`), again.
+    pub fn wake_others(&self, slot: usize) {
+        (0..self.wakes.len()).filter(|&s| s != slot).for_each(|s| crate::eventfd::signal(self.wakes[s].as_raw_fd()));
+    }
+
     /// Whether the thread of `slot` polls the userfaultfd now.
     pub fn polls(&self, slot: Option<usize>) -> bool {
         let holder = self.holder.load(Ordering::Acquire);

@@ -327,6 +327,11 @@ counter_struct!(
         /// Times the fault threads polling the userfaultfd changed (thread mode,
         /// `pollers.rs`): to the one on the CPU of a thread faulting alone, or back to all.
         fault_poll_moves,
+        /// Wake-ups made by a fault thread at SCHED_IDLE, so that the woken thread stays
+        /// on its CPU (`local_wake.rs`), and fault threads given their policy back by
+        /// another while a fault waited for them.
+        fault_wake_local,
+        fault_wake_rescued,
         /// Faults that found their folio still uncompressed in the swap cache (its
         /// eviction not finished) and moved it straight back.
         swapcache_hit,
