@@ -246,6 +246,9 @@ pub(crate) fn handle_fault(mm: &Arc<Mm>, addr: usize) -> FaultOutcome {
 
 fn handle_fault_timed(mm: &Arc<Mm>, addr: usize) -> FaultOutcome {
     let start = Instant::now();
+    crate::local_wake::take_woken_at();
+    // A fault ends as its thread is woken (`local_wake.rs`): what follows is readahead.
+    let served_ns = || crate::local_wake::take_woken_at().unwrap_or_else(Instant::now).saturating_duration_since(start).as_nanos() as u64;
     loop {
         let Some((entry, page)) = ADDRESS_MAP.lookup(addr) else {
             return FaultOutcome::NotOurs(Unserved::NoRegion);
@@ -255,12 +258,12 @@ fn handle_fault_timed(mm: &Arc<Mm>, addr: usize) -> FaultOutcome {
         }
         match resolve(mm, &entry.table, page) {
             Step::Done(folio) => {
-                let ns = start.elapsed().as_nanos() as u64;
+                let ns = served_ns();
                 mm.counters.fault_latency[folio.index()].record(ns);
                 return FaultOutcome::Served;
             }
             Step::Zeroed { folio, head } => {
-                let ns = start.elapsed().as_nanos() as u64;
+                let ns = served_ns();
                 mm.counters.fault_latency[folio.index()].record(ns);
                 if folio == entry.table.folio && !folio.is_huge() {
                     zero_ahead(mm, &entry.table, head, folio);
@@ -268,7 +271,7 @@ fn handle_fault_timed(mm: &Arc<Mm>, addr: usize) -> FaultOutcome {
                 return FaultOutcome::Served;
             }
             Step::SwappedIn { folio, head, hit, planned } => {
-                let ns = start.elapsed().as_nanos() as u64;
+                let ns = served_ns();
                 mm.counters.fault_latency[folio.index()].record(ns);
                 mm.counters.swapin_latency[hit as usize].record(ns);
                 // A split folio's pages are not read ahead by the window, which is in folios;
@@ -359,7 +362,7 @@ fn resolve(mm: &Mm, table: &Arc<FolioTable>, page: usize) -> Step {
         wake_folio(mm, table, target, folio);
     }
     if let Step::SwappedIn { hit: false, .. } = step {
-        stages::lap(&mm.counters.stages, Stage::SwapinWake);
+        stages::lap_until(&mm.counters.stages, Stage::SwapinWake, crate::local_wake::woken_at());
     }
     step
 }

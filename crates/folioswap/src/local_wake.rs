@@ -38,6 +38,7 @@
 //!    them (`watchers_asleep`).
 
 use crate::stats::Counters;
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -53,7 +54,21 @@ pub(crate) const WATCH_SPAN_MS: u64 = 1000;
 thread_local! {
     /// This fault thread's poller slot (`pollers.rs`), set when it starts: only fault
     /// threads kept on a CPU drop their policy.
-    static FAULT_SLOT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    static FAULT_SLOT: Cell<Option<usize>> = const { Cell::new(None) };
+    /// When this thread last began a wake-up. A fault's latency ends there: a fault
+    /// thread that dropped is preempted by the thread it woke until that one faults or
+    /// blocks again, which is the program's time, not the fault's.
+    static WOKEN_AT: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// When this thread last began a wake-up, left for [`take_woken_at`].
+pub(crate) fn woken_at() -> Option<Instant> {
+    WOKEN_AT.with(|w| w.get())
+}
+
+/// When this thread last began a wake-up, forgotten.
+pub(crate) fn take_woken_at() -> Option<Instant> {
+    WOKEN_AT.with(|w| w.take())
 }
 
 pub(crate) struct LocalWake {
@@ -103,6 +118,7 @@ impl LocalWake {
     pub fn wake(&self, uffd: &crate::uffd::Uffd, addr: usize, len: usize, counters: &Counters, wake_others: impl FnOnce(usize)) {
         let slot = FAULT_SLOT.with(|s| s.get()).filter(|&s| s < self.dropped.len());
         let Some(slot) = slot.filter(|_| self.enabled && self.program_alone()) else {
+            WOKEN_AT.with(|w| w.set(Some(Instant::now())));
             uffd.wake(addr, len);
             return;
         };
@@ -114,6 +130,7 @@ impl LocalWake {
             wake_others(slot);
         }
         set_policy(0, libc::SCHED_IDLE);
+        WOKEN_AT.with(|w| w.set(Some(Instant::now())));
         uffd.wake(addr, len);
         // Preempted here by the thread just woken, until it faults or blocks again.
         set_policy(0, libc::SCHED_OTHER);

@@ -32,7 +32,8 @@ pub(crate) enum Stage {
     SwapinInstall,
     /// Freeing the stored copy, marking it resident (LRU, counters).
     SwapinFinish,
-    /// Unlock and wake the faulting thread.
+    /// Unlock, up to the faulting thread's wake-up (the wake-up itself is left out: a
+    /// fault thread that dropped to SCHED_IDLE is preempted in it, `local_wake.rs`).
     SwapinWake,
     /// Readahead after the fault (queueing it, when asynchronous).
     SwapinReadahead,
@@ -157,6 +158,20 @@ pub(crate) fn lap(times: &StageTimes, stage: Stage) {
             times.ns[stage as usize].fetch_add(now.duration_since(then).as_nanos() as u64, Ordering::Relaxed);
             times.laps[stage as usize].fetch_add(1, Ordering::Relaxed);
             c.set(Some(now));
+        }
+    });
+}
+
+/// The stage that ended at `at` (now, if None), if this operation is timed; the next
+/// stage is timed from now, leaving out what came between (a fault thread preempted by
+/// the thread it woke: `local_wake.rs`).
+pub(crate) fn lap_until(times: &StageTimes, stage: Stage, at: Option<Instant>) {
+    CLOCK.with(|c| {
+        if let Some(then) = c.get() {
+            let end = at.unwrap_or_else(Instant::now).max(then);
+            times.ns[stage as usize].fetch_add(end.duration_since(then).as_nanos() as u64, Ordering::Relaxed);
+            times.laps[stage as usize].fetch_add(1, Ordering::Relaxed);
+            c.set(Some(Instant::now()));
         }
     });
 }
