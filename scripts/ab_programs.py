@@ -12,7 +12,9 @@ Usage:
       --pairs 6 --a ... --b ...
 
 `--a`/`--b` take space-separated VAR=VALUE settings for the environment of each side
-(empty: the defaults); `--folioswap-a`/`--folioswap-b` run two builds instead. Prints
+(empty: the defaults); `--folioswap-a`/`--folioswap-b` run two builds instead;
+`--prefix-a`/`--prefix-b` put a command before a side's `folioswap run`, e.g.
+`--prefix-b "taskset -c 0"` (the whole run on one CPU). Prints
 every run as it ends (wall seconds, the dict's build and lookup seconds, `list(d)` counted
 with the build as `pydict_phase_counters.py` counts it, and from the
 run's `--stats-json`: faults, pages stored, reads from the swap file), then each side's
@@ -54,6 +56,8 @@ def main():
     default_bin = os.path.join(HERE, "..", "target", "release", "folioswap")
     ap.add_argument("--folioswap-a", default=default_bin)
     ap.add_argument("--folioswap-b", default=default_bin)
+    ap.add_argument("--prefix-a", default="", help="command words before side A's `folioswap run`")
+    ap.add_argument("--prefix-b", default="", help="command words before side B's `folioswap run`")
     ap.add_argument("--n", type=int, default=300000, help="the dict's entries")
     ap.add_argument("--sort-input", default="/var/tmp/lines50.txt")
     a = ap.parse_args()
@@ -72,7 +76,7 @@ def main():
             # The unlimited run's answer: the lookups are seeded, so every run must match it.
             expected = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True).stdout.strip()
 
-        sides = {"A": (a.folioswap_a, settings(a.a)), "B": (a.folioswap_b, settings(a.b))}
+        sides = {"A": (a.prefix_a.split() + [a.folioswap_a], settings(a.a)), "B": (a.prefix_b.split() + [a.folioswap_b], settings(a.b))}
         runs = {"A": [], "B": []}
         for pair in range(a.pairs):
             order = "AB" if pair % 2 == 0 else "BA"
@@ -80,7 +84,7 @@ def main():
                 binary, env = sides[tag]
                 stats = os.path.join(tmp, f"stats-{tag}.json")
                 start = time.monotonic()
-                p = subprocess.run([binary, "run", "--quiet", "--memory-high", a.limit, "--stats-json", stats, "--"] + command,
+                p = subprocess.run(binary + ["run", "--quiet", "--memory-high", a.limit, "--stats-json", stats, "--"] + command,
                                    env=env, stdout=subprocess.PIPE)
                 wall = time.monotonic() - start
                 if p.returncode != 0:
