@@ -475,6 +475,27 @@ fn threads_that_come_and_go_while_swapping_verify_every_word() {
     assert!(run.total("pgmajfault") > 10_000, "too few faults to have swapped every round\n{}", run.describe());
 }
 
+/// A thread started while the only other one computes on the same CPU: the fault thread
+/// that woke that one at SCHED_IDLE may still wait behind it when the new thread faults
+/// (`local_wake.rs`). Every word verified, before and after the new thread's writes, and
+/// the run ends. (How soon the new thread was served is not asserted: that is timing.)
+#[test]
+fn a_thread_started_beside_a_busy_one_is_served() {
+    let _serial = serial();
+    let prog = test_program("late_thread");
+    let dir = TempDir::new("late_thread");
+    let stats = dir.join("stats.json");
+    let run = under(&["--memory-high", "16M", "--folio", "4K"], Some(&stats), &[s(&prog), "64"]);
+    run.assert_success();
+    run.assert_stdout_line("OK late thread, bad words 0");
+    run.assert_total_positive("pgmajfault");
+    assert!(
+        run.total("fault_wake_local") > 0,
+        "the program faulted alone, yet no wake-up was made at SCHED_IDLE (needs two CPUs or more, and root or CAP_SYS_NICE)\n{}",
+        run.describe()
+    );
+}
+
 /// CPython's bytearray (malloc/realloc) filled, hashed, and the digest compared with a run
 /// without folioswap; its one thread woken by fault threads at idle priority.
 #[test]
