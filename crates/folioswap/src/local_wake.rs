@@ -144,7 +144,7 @@ impl LocalWake {
         let now = self.now_ms() + 1;
         let counted = self.counted_at.load(Ordering::Relaxed);
         if (counted == 0 || now.saturating_sub(counted) >= RECOUNT_MS) && !self.counting.swap(true, Ordering::Acquire) {
-            self.alone.store(count_program_threads() == Some(1), Ordering::Relaxed);
+            self.alone.store(count_program_threads(2) == Some(1), Ordering::Relaxed);
             self.counted_at.store(now, Ordering::Relaxed);
             self.counting.store(false, Ordering::Release);
         }
@@ -221,24 +221,31 @@ fn is_own_thread(comm: &[u8]) -> bool {
     comm.starts_with(b"fsw-") || comm.starts_with(b"folioswap-")
 }
 
-/// The threads of this process that are not folioswap's own (None: more than
-/// `MAX_COUNTED` threads, or no procfs). A thread whose name cannot be read counts as
-/// the program's.
-fn count_program_threads() -> Option<usize> {
-    let names = std::fs::read_dir("/proc/self/task")
-        .ok()?
-        .map(|entry| entry.ok().and_then(|e| std::fs::read(e.path().join("comm")).ok()).unwrap_or_default());
-    count_program(names)
+/// The threads of this process that are not folioswap's own, counted up to `cap` (None:
+/// more than `MAX_COUNTED` threads, or no procfs). A thread whose name cannot be read
+/// counts as the program's. Names are read only until the count reaches `cap`: a program
+/// with many threads costs a few reads, not one per thread.
+fn count_program_threads(cap: usize) -> Option<usize> {
+    let tasks: Vec<_> = std::fs::read_dir("/proc/self/task").ok()?.take(MAX_COUNTED + 1).collect();
+    if tasks.len() > MAX_COUNTED {
+        return None;
+    }
+    let names = tasks.into_iter().map(|entry| entry.ok().and_then(|e| std::fs::read(e.path().join("comm")).ok()).unwrap_or_default());
+    count_program(names, cap)
 }
 
-/// Of threads named `names`, how many are not folioswap's own; None past `MAX_COUNTED`.
-fn count_program(names: impl Iterator<Item = Vec<u8>>) -> Option<usize> {
+/// Of threads named `names`, how many are not folioswap's own, up to `cap`; None past
+/// `MAX_COUNTED` names.
+fn count_program(names: impl Iterator<Item = Vec<u8>>, cap: usize) -> Option<usize> {
     let mut program = 0;
     for (seen, comm) in names.enumerate() {
         if seen >= MAX_COUNTED {
             return None;
         }
         program += usize::from(!is_own_thread(&comm));
+        if program >= cap {
+            return Some(cap);
+        }
     }
     Some(program)
 }
@@ -260,14 +267,15 @@ mod tests {
     #[test]
     fn only_program_threads_are_counted() {
         let names = |list: &[&str]| list.iter().map(|n| n.as_bytes().to_vec()).collect::<Vec<_>>().into_iter();
-        assert_eq!(count_program(names(&["python3\n", "fsw-fault0\n", "fsw-kswapd0\n", "folioswap-stat\n"])), Some(1));
-        assert_eq!(count_program(names(&["python3\n", "worker\n", "fsw-fault0\n"])), Some(2));
+        assert_eq!(count_program(names(&["python3\n", "fsw-fault0\n", "fsw-kswapd0\n", "folioswap-stat\n"]), 2), Some(1));
+        assert_eq!(count_program(names(&["python3\n", "worker\n", "fsw-fault0\n"]), 2), Some(2));
+        assert_eq!(count_program(names(&["python3\n", "worker\n", "fsw-fault0\n", "more\n"]), 8), Some(3));
         // A thread that exited between the listing and the read counts as the program's.
-        assert_eq!(count_program(names(&["fsw-fault0\n", ""])), Some(1));
+        assert_eq!(count_program(names(&["fsw-fault0\n", ""]), 2), Some(1));
         let many: Vec<String> = (0..=MAX_COUNTED).map(|i| format!("fsw-kswapd{i}\n")).collect();
-        assert_eq!(count_program(many.iter().map(|n| n.as_bytes().to_vec())), None, "past MAX_COUNTED, never alone");
+        assert_eq!(count_program(many.iter().map(|n| n.as_bytes().to_vec()), 2), None, "past MAX_COUNTED, never alone");
         // This test process: the harness's threads at least.
-        assert!(count_program_threads().is_some_and(|n| n >= 1));
+        assert!(count_program_threads(2).is_some_and(|n| n >= 1));
     }
 
     /// A watcher gives a fault thread left at SCHED_IDLE its policy back where a fault
