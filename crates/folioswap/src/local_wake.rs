@@ -8,11 +8,11 @@
 //! wakes the thread while it still runs there itself. A woken thread goes back to the CPU
 //! it slept on only where that CPU is idle or runs SCHED_IDLE tasks alone; else the
 //! scheduler puts it on an idle CPU (`select_idle_sibling`). So the program changed CPUs
-//! at about every tenth fault: CPython's dict at 41M migrated 464-856 times in a run of
+//! at about every tenth fault: CPython's dict at 41M migrated 375-856 times in a run of
 //! 7 k faults, and each move cost a fault served from the other CPU (two wake-ups across
 //! CPUs, `pollers.rs`) and TLB shootdowns of both CPUs at the reclaimers' moves. The
-//! whole run confined to one CPU (`taskset`) was 12% faster, which a launcher cannot do
-//! to a program. Dropping to SCHED_IDLE for the wake-up keeps the program where it was
+//! whole run confined to one CPU (`taskset`) took 0.86 of the time, which a launcher
+//! cannot do to a program. Dropping to SCHED_IDLE for the wake-up keeps the program where it was
 //! (16-50 migrations a run): it preempts the fault thread at once, and the fault thread
 //! takes its policy back when it next runs (BENCHMARKS.md, "The program stays on its
 //! CPU").
@@ -28,7 +28,7 @@
 //!    [`MAX_COUNTED`] is never counted), and only by a thread that can take its policy
 //!    back: SCHED_OTHER to begin with, and CAP_SYS_NICE or an RLIMIT_NICE that allows its
 //!    nice value (the kernel refuses the way back from SCHED_IDLE otherwise).
-//! 2. A thread started within a count's age could still fault while the fault thread
+//! 2. A thread the program starts after a drop could still fault while the fault thread
 //!    waits at idle priority behind a busy program thread. So while drops are being made,
 //!    the other fault threads wake every [`RESCUE_MS`] (they sleep otherwise, since only
 //!    the fault thread on the faulting CPU polls the userfaultfd), and where a message
