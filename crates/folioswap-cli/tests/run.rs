@@ -216,6 +216,16 @@ impl Run {
     fn assert_total_positive(&self, key: &str) {
         assert!(self.total(key) > 0, "expected total {key} > 0\n{}", self.describe());
     }
+
+    /// A program that faulted with one thread was woken by fault threads at SCHED_IDLE,
+    /// so that it stayed on its CPU (`local_wake.rs`).
+    fn assert_woken_at_idle_priority(&self) {
+        assert!(
+            self.total("fault_wake_local") > 0,
+            "a single-threaded program was never woken at SCHED_IDLE (needs thread mode, two CPUs or more, and root or CAP_SYS_NICE, which the way back from SCHED_IDLE needs)\n{}",
+            self.describe()
+        );
+    }
 }
 
 /// The last 8000 characters of `text`.
@@ -489,11 +499,7 @@ fn a_thread_started_beside_a_busy_one_is_served() {
     run.assert_success();
     run.assert_stdout_line("OK late thread, bad words 0");
     run.assert_total_positive("pgmajfault");
-    assert!(
-        run.total("fault_wake_local") > 0,
-        "the program faulted alone, yet no wake-up was made at SCHED_IDLE (needs two CPUs or more, and root or CAP_SYS_NICE)\n{}",
-        run.describe()
-    );
+    run.assert_woken_at_idle_priority();
 }
 
 /// CPython's bytearray (malloc/realloc) filled, hashed, and the digest compared with a run
@@ -522,13 +528,7 @@ fn python_bytearray_under_run() {
     run.assert_success();
     assert_eq!(run.stdout.trim(), digest, "the digest differs from the run without folioswap\n{}", run.describe());
     run.assert_total_positive("zswpout");
-    // One program thread: its fault threads woke it at idle priority, so that it stayed on
-    // its CPU (`local_wake.rs`; root has CAP_SYS_NICE, which the way back needs).
-    assert!(
-        run.total("fault_wake_local") > 0,
-        "no wake-up at SCHED_IDLE for a single-threaded program (needs thread mode, two CPUs or more, and root or CAP_SYS_NICE)\n{}",
-        run.describe()
-    );
+    run.assert_woken_at_idle_priority();
 }
 
 /// Blocks of 1 MiB, such as CPython's arenas, under a 2 MiB cap (`--folio 2M`): each is a

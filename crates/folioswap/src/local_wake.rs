@@ -85,7 +85,7 @@ pub(crate) struct LocalWake {
     /// When the last drop was made (ms since `epoch`).
     last_drop: AtomicU64,
     /// The watchers went to sleep without a timeout: the next drop wakes them.
-    pub watchers_asleep: AtomicBool,
+    watchers_asleep: AtomicBool,
 }
 
 impl LocalWake {
@@ -197,7 +197,6 @@ fn may_leave_sched_idle() -> bool {
     // SAFETY: sched_getscheduler(2) of the caller; getpriority(2) of the calling process;
     // getrlimit(2) into a live rlimit.
     let (policy, nice, limit) = unsafe {
-        *libc::__errno_location() = 0;
         let nice = libc::getpriority(libc::PRIO_PROCESS, 0);
         let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         libc::getrlimit(libc::RLIMIT_NICE, &mut limit);

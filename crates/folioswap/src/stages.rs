@@ -152,14 +152,7 @@ pub(crate) fn begin() -> Outer {
 
 /// The stage that just ended, if this operation is timed.
 pub(crate) fn lap(times: &StageTimes, stage: Stage) {
-    CLOCK.with(|c| {
-        if let Some(then) = c.get() {
-            let now = Instant::now();
-            times.ns[stage as usize].fetch_add(now.duration_since(then).as_nanos() as u64, Ordering::Relaxed);
-            times.laps[stage as usize].fetch_add(1, Ordering::Relaxed);
-            c.set(Some(now));
-        }
-    });
+    lap_until(times, stage, None);
 }
 
 /// The stage that ended at `at` (now, if None), if this operation is timed; the next
@@ -168,10 +161,11 @@ pub(crate) fn lap(times: &StageTimes, stage: Stage) {
 pub(crate) fn lap_until(times: &StageTimes, stage: Stage, at: Option<Instant>) {
     CLOCK.with(|c| {
         if let Some(then) = c.get() {
-            let end = at.unwrap_or_else(Instant::now).max(then);
+            let now = Instant::now();
+            let end = at.unwrap_or(now).max(then);
             times.ns[stage as usize].fetch_add(end.duration_since(then).as_nanos() as u64, Ordering::Relaxed);
             times.laps[stage as usize].fetch_add(1, Ordering::Relaxed);
-            c.set(Some(Instant::now()));
+            c.set(Some(now));
         }
     });
 }
