@@ -80,6 +80,7 @@ mod mm;
 
 mod addrmap;
 mod charge;
+mod compact;
 mod gate;
 mod install;
 mod release;

@@ -6,12 +6,16 @@
 //!   threshold.
 //! - `direct_reclaim`, from a fault whose charge would pass memory_high
 //!   (`charge::reserve`, through `Mm::hooks`): one eviction in the faulting context.
+//! - Before either writes back or evicts, a background reclaimer compacts the pool where
+//!   it has grown sparse (`compact.rs`): given back, its free pages are room for resident
+//!   memory with no I/O and no fault.
 //! - `shrink_caches`, when neither can free anything: empty the staging reserve, the
 //!   unused readahead copies and the pool's free pages, which hold charged memory nobody
 //!   needs now.
 //!
 //! An eviction itself is `evict.rs`; writeback is `writeback.rs`.
 
+use crate::compact::compact_pool_if_due;
 use crate::evict::{shrink_one, Reclaimer};
 use crate::mm::{DirectReclaim, Mm, Reclaimed};
 use crate::readahead::drain_readahead;
@@ -32,6 +36,7 @@ pub(crate) fn kswapd(mm: Arc<Mm>) {
     let mut scratch = CodecScratch::new();
     let stopping = || mm.stop.load(Ordering::Acquire);
     while !stopping() {
+        compact_pool_if_due(&mm);
         while !stopping() && mm.tiers.needs_writeback(&mm.memcg) {
             if writeback_batch(&mm, &mut scratch, WRITEBACK_BATCH) == 0 {
                 break;
@@ -44,6 +49,9 @@ pub(crate) fn kswapd(mm: Arc<Mm>) {
             continue;
         }
         while !stopping() && mm.memcg.above_low(mm.tiers.pool_bytes()) {
+            if compact_pool_if_due(&mm) > 0 {
+                continue;
+            }
             if mm.config.zero_scan {
                 scan_for_zeros(&mm);
             }

@@ -292,6 +292,10 @@ counter_struct!(
         /// Folios (a pieced folio: pages) stored with the secondary codec, which made them
         /// smaller than the primary left them (`recomp_algorithm`; zram's recompression).
         zswap_recompressed,
+        /// Pool objects moved down their chunk by compaction, and the pool's pages given
+        /// back by its passes (zram's `pages_compacted`; `compact.rs`).
+        zswap_compact_moved,
+        zswap_pages_compacted,
         /// Folios sent to the swap file instead of the pool because they compressed less
         /// than `min_compression_ratio`.
         zswap_reject_compress_poor,

@@ -206,6 +206,12 @@ impl PoolLru {
     pub fn len(&self) -> usize {
         self.entries.lock().unwrap().len()
     }
+    /// The queued entries as they are now, oldest first (some of them stale), for a pass
+    /// that must not hold the queue while it locks folios (`compact.rs`).
+    pub fn snapshot(&self) -> Vec<PoolLruEntry> {
+        let entries = self.entries.lock().unwrap();
+        entries.iter().map(|e| PoolLruEntry { table: e.table.clone(), page: e.page, order: e.order, gen: e.gen }).collect()
+    }
 }
 
 /// The pool and the swap file, with the policy that chooses between them.

@@ -19,7 +19,7 @@ mod pieces;
 mod zpool;
 
 pub use compress::{Codec, CodecScratch};
-pub use zpool::{PoolError, PoolHandle, ZPool};
+pub use zpool::{CompactionPass, PoolError, PoolHandle, ZPool};
 
 use crate::config::Compressor;
 use crate::size::PAGE_SIZE;

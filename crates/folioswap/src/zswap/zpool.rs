@@ -31,6 +31,9 @@
 //! them). (Before, a sub-page chunk kept every page it had touched until all
 //! its slots were free: under random churn, a pool charged to a 34M limit held 16.6M of
 //! pages for 7M of live objects, and the limit was paid for it in resident memory.)
+//! Compaction (`relocate`, `trim`; driven by `compact.rs`) moves a sub-page chunk's
+//! objects that lie above its count of live objects into its lowest free slots, under
+//! their owners' locks, and gives back every page left empty, however few.
 //! Freed slots stay populated so that the next store of that class costs no page fault, but that
 //! slack is bounded: once populated free page-class memory would exceed
 //! `max(8 MiB, stored/16)`, a freed page-class slot is returned to the kernel with
@@ -57,7 +60,7 @@
 
 use std::fmt;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 const PAGE: usize = 4096;
@@ -90,6 +93,10 @@ const SLACK_FLOOR: u64 = 8 << 20;
 /// this much (one MADV_DONTNEED, and so one TLB shootdown, per this many bytes at most).
 const SUB_RELEASE_STEP: u64 = 64 << 10;
 const SLACK_DIVISOR: u64 = 16;
+/// `compaction_due`: free bytes on held pages worth a pass, as a share of the footprint
+/// and at least (a small pool is not compacted for a few pages).
+const COMPACT_DUE_FRACTION: u64 = 8;
+const COMPACT_DUE_MIN: u64 = 256 << 10;
 /// Bounded retries when other threads keep taking the footprint we just freed up.
 const STORE_ATTEMPTS: u32 = 8;
 
@@ -505,6 +512,27 @@ pub struct ZPool {
     live: AtomicU64,
     /// Populated free bytes in page classes (the releasable slack).
     slack: AtomicU64,
+    /// Bytes of the slots live objects occupy (the objects, their headers and the rest of
+    /// their class's slot).
+    slot_bytes: AtomicU64,
+    /// `fragmented_bytes` as the last `trim` left them, or lower where frees and stores
+    /// brought them lower since: the baseline of `compaction_due`.
+    compacted_to: AtomicU64,
+    /// What `compacted_bytes` reports.
+    compacted: AtomicU64,
+    /// A compaction pass is running (`begin_compaction`): one at a time.
+    compacting: AtomicBool,
+}
+
+/// A running compaction pass; dropping it lets the next one start.
+pub struct CompactionPass<'a> {
+    pool: &'a ZPool,
+}
+
+impl Drop for CompactionPass<'_> {
+    fn drop(&mut self) {
+        self.pool.compacting.store(false, Ordering::Release);
+    }
 }
 
 impl fmt::Debug for ZPool {
@@ -538,6 +566,10 @@ impl ZPool {
             stored: AtomicU64::new(0),
             live: AtomicU64::new(0),
             slack: AtomicU64::new(0),
+            slot_bytes: AtomicU64::new(0),
+            compacted_to: AtomicU64::new(0),
+            compacted: AtomicU64::new(0),
+            compacting: AtomicBool::new(false),
         }
     }
 
@@ -609,6 +641,7 @@ impl ZPool {
             hdr.store(HDR_LIVE | len as u32, Ordering::Release);
         }
         self.stored.fetch_add(len as u64, Ordering::Relaxed);
+        self.slot_bytes.fetch_add(class.size as u64, Ordering::Relaxed);
         self.live.fetch_add(1, Ordering::Relaxed);
         Ok(PoolHandle::new(ci, chunk, slot))
     }
@@ -669,6 +702,7 @@ impl ZPool {
         };
         ch.used -= 1;
         let stored = self.stored.fetch_sub(len as u64, Ordering::Relaxed) - len as u64;
+        self.slot_bytes.fetch_sub(class.size as u64, Ordering::Relaxed);
         self.live.fetch_sub(1, Ordering::Relaxed);
         let size = class.size as u64;
 
@@ -680,27 +714,7 @@ impl ZPool {
                 self.retire(class, st, chunk, resident as usize);
                 return;
             }
-            ch.set_free(slot);
-            ch.count_pages(slot * class.size, class.size, false);
-            if slot + 1 == ch.bump as usize {
-                ch.trim_top();
-                push_once(&mut st.room_stack, ch, chunk, IN_ROOM);
-                let (top, touched) = (class.covered(ch.bump as usize), class.covered(ch.populated as usize));
-                if touched - top >= SUB_RELEASE_STEP {
-                    // SAFETY: every slot from `bump` up is free, so the whole pages above the
-                    // last live slot's end hold no object; they lie inside the chunk's mapping.
-                    unsafe { dontneed(ch.base.wrapping_add(top as usize), (touched - top) as usize) };
-                    let pages = (top as usize / PAGE)..(touched as usize / PAGE);
-                    let already = pages.clone().filter(|&p| ch.page_released(p)).count() as u64;
-                    pages.for_each(|p| ch.set_page_released(p, false));
-                    self.footprint.fetch_sub(touched - top - already * PAGE as u64, Ordering::Relaxed);
-                    ch.populated = ch.bump;
-                }
-            }
-            self.release_empty_pages(class, ch);
-            if ch.free_count > 0 {
-                push_once(&mut st.free_stack, ch, chunk, IN_FREE);
-            }
+            self.free_sub_slot(class, st, chunk, slot);
             return;
         }
 
@@ -719,6 +733,106 @@ impl ZPool {
         if ch.used == 0 && ch.free.is_empty() {
             self.retire(class, st, chunk, 0);
         }
+    }
+
+    /// Move a sub-page object that lies above its chunk's compact prefix (its slot at or
+    /// above the chunk's count of live objects) into the chunk's lowest free slot, which then
+    /// lies below it: zsmalloc's compaction, which moves objects out of sparse pages into
+    /// others of their class. Once every such object of a chunk has moved, its live objects
+    /// fill its first slots and `trim` gives back the pages above them. Returns the
+    /// object's new handle; `None` where it stays: a page-class object (those are released
+    /// page by page as they are freed), one already in the prefix, or one whose move would
+    /// take the footprint past the cap (the free slot lies on a page given back).
+    ///
+    /// # Safety
+    /// `h` is live, and nobody reads or frees it during the call (the caller holds its
+    /// owner's lock). On `Some`, `h` is dead and the object lives on under the new handle.
+    pub unsafe fn relocate(&self, h: PoolHandle) -> Option<PoolHandle> {
+        let (ci, chunk, slot) = h.decode();
+        let class = self.classes.get(ci).and_then(OnceLock::get).expect("invalid pool handle");
+        if class.page_sized {
+            return None;
+        }
+        let mut guard = class.lock();
+        let st = &mut *guard;
+        let ch = st.chunks.get_mut(chunk).expect("invalid pool handle");
+        assert!(!ch.base.is_null() && slot < ch.bump as usize, "pool handle not live");
+        if (slot as u32) < ch.used {
+            return None;
+        }
+        // Slots below `slot` hold at most `used - 1` live objects, so one of them is free.
+        let to = ch.lowest_free().filter(|&to| to < slot)?;
+        let growth = class.slot_growth(ch, to);
+        if !self.reserve(growth) {
+            return None;
+        }
+        let taken = ch.take_lowest_free();
+        debug_assert_eq!(taken, Some(to));
+        ch.count_pages(to * class.size, class.size, true);
+        let (src, dst) = (ch.base.wrapping_add(slot * class.size), ch.base.wrapping_add(to * class.size));
+        // SAFETY: `slot` is live (the caller's contract) and below `bump`, inside the mapping.
+        let from = unsafe { header(src) };
+        let v = from.load(Ordering::Acquire);
+        assert_eq!(v & HDR_TAG_MASK, HDR_LIVE, "pool handle not live");
+        let len = (v & !HDR_TAG_MASK) as usize;
+        // SAFETY: two distinct slots of one class in one mapping do not overlap; `to` was
+        // free and is now ours under the class lock, and both slots hold the header plus
+        // `len` bytes, since the object was stored in this class.
+        unsafe { ptr::copy_nonoverlapping(src.wrapping_add(HDR), dst.wrapping_add(HDR), len) };
+        // SAFETY: `dst` is the 64-byte-aligned start of a slot in the mapped chunk.
+        unsafe { header(dst) }.store(HDR_LIVE | len as u32, Ordering::Release);
+        from.store(HDR_FREE, Ordering::Relaxed);
+        let released = self.free_sub_slot(class, st, chunk, slot);
+        self.compacted.fetch_add(released.saturating_sub(growth), Ordering::Relaxed);
+        Some(PoolHandle::new(ci, chunk, to))
+    }
+
+    /// Give back every whole page of the sub-page chunks that holds no live object, above
+    /// each chunk's topmost live slot and below it, however few (a free normally gives them
+    /// back only in batches: `free_sub_slot`). Returns the bytes given back.
+    pub fn trim(&self) -> u64 {
+        let mut released = 0;
+        for class in self.classes[..NR_SUB].iter().filter_map(OnceLock::get) {
+            let mut guard = class.lock();
+            for ch in guard.chunks.iter_mut().filter(|ch| !ch.base.is_null() && ch.used > 0) {
+                released += self.release_above_top(class, ch, PAGE as u64);
+                released += self.release_empty_pages(class, ch, true);
+            }
+        }
+        self.compacted_to.store(self.fragmented_bytes(), Ordering::Relaxed);
+        self.compacted.fetch_add(released, Ordering::Relaxed);
+        released
+    }
+
+    /// Bytes given back by compaction so far (`relocate` and `trim`), net of the pages a
+    /// move took again.
+    pub fn compacted_bytes(&self) -> u64 {
+        self.compacted.load(Ordering::Relaxed)
+    }
+
+    /// Test support: start a pass whether or not one is due (still one at a time).
+    #[cfg(test)]
+    pub fn begin_compaction_now(&self) -> Option<CompactionPass<'_>> {
+        (!self.compacting.swap(true, Ordering::Acquire)).then_some(CompactionPass { pool: self })
+    }
+
+    /// Start a compaction pass (`compact.rs`) if none is running and the free bytes on held
+    /// pages have grown by an eighth of the footprint (at least 256 KiB) since the last
+    /// `trim` left them (or since they were last lower). The pass ends when the guard drops.
+    pub fn begin_compaction(&self) -> Option<CompactionPass<'_>> {
+        let fragmented = self.fragmented_bytes();
+        let base = self.compacted_to.fetch_min(fragmented, Ordering::Relaxed).min(fragmented);
+        if fragmented < base + COMPACT_DUE_MIN.max(self.footprint_bytes() / COMPACT_DUE_FRACTION) {
+            return None;
+        }
+        (!self.compacting.swap(true, Ordering::Acquire)).then_some(CompactionPass { pool: self })
+    }
+
+    /// Bytes of the footprint in no live object's slot and not releasable slack: the free
+    /// sub-page slots on pages the pool still holds, which compaction can gather and give
+    /// back (the padding of a live object's slot is not among them).
+    pub fn fragmented_bytes(&self) -> u64 {
+        self.footprint_bytes().saturating_sub(self.slack_bytes() + self.slot_bytes.load(Ordering::Relaxed))
     }
 
     /// Physical bytes the pool holds now: every page it has touched and not released.
@@ -789,15 +903,56 @@ impl ZPool {
         }
     }
 
+    /// Free sub-page `slot` of `chunk`, whose chunk keeps other live objects (its header
+    /// already marked free, `used` already counted down): the top comes down past it, and
+    /// pages left without a live object are given back as `release_above_top` and
+    /// `release_empty_pages` decide.
+    fn free_sub_slot(&self, class: &Class, st: &mut ClassState, chunk: usize, slot: usize) -> u64 {
+        let ch = &mut st.chunks[chunk];
+        ch.set_free(slot);
+        ch.count_pages(slot * class.size, class.size, false);
+        let mut released = 0;
+        if slot + 1 == ch.bump as usize {
+            ch.trim_top();
+            push_once(&mut st.room_stack, ch, chunk, IN_ROOM);
+            released += self.release_above_top(class, ch, SUB_RELEASE_STEP);
+        }
+        released += self.release_empty_pages(class, ch, false);
+        if ch.free_count > 0 {
+            push_once(&mut st.free_stack, ch, chunk, IN_FREE);
+        }
+        released
+    }
+
+    /// Give back a sub-page chunk's whole pages above its topmost live slot, once they add
+    /// up to `min` bytes (and at least a page). Returns the bytes given back.
+    fn release_above_top(&self, class: &Class, ch: &mut ChunkState, min: u64) -> u64 {
+        let (top, touched) = (class.covered(ch.bump as usize), class.covered(ch.populated as usize));
+        if touched <= top || touched - top < min {
+            return 0;
+        }
+        // SAFETY: every slot from `bump` up is free, so the whole pages above the last live
+        // slot's end hold no object; they lie inside the chunk's mapping.
+        unsafe { dontneed(ch.base.wrapping_add(top as usize), (touched - top) as usize) };
+        let pages = (top as usize / PAGE)..(touched as usize / PAGE);
+        let already = pages.clone().filter(|&p| ch.page_released(p)).count() as u64;
+        pages.for_each(|p| ch.set_page_released(p, false));
+        let released = touched - top - already * PAGE as u64;
+        self.footprint.fetch_sub(released, Ordering::Relaxed);
+        ch.populated = ch.bump;
+        released
+    }
+
     /// A sub-page chunk whose touched pages without a live object reach half of its
     /// touched pages (and `SUB_RELEASE_STEP`) gives them all back: the lowest-slot-first
     /// reuse refills such holes first, so they are let go only once there are many.
-    fn release_empty_pages(&self, class: &Class, ch: &mut ChunkState) {
+    /// `all`: give back every such page now (`trim`). Returns the bytes given back.
+    fn release_empty_pages(&self, class: &Class, ch: &mut ChunkState, all: bool) -> u64 {
         let pages = class.covered(ch.populated as usize) as usize / PAGE;
         let touched = pages - ch.released_count as usize;
         let empty = touched - ch.live_pages as usize;
-        if ((empty * PAGE) as u64) < SUB_RELEASE_STEP || empty * 2 < touched {
-            return;
+        if empty == 0 || !all && (((empty * PAGE) as u64) < SUB_RELEASE_STEP || empty * 2 < touched) {
+            return 0;
         }
         let mut p = 0;
         while p < pages {
@@ -815,6 +970,7 @@ impl ZPool {
             unsafe { dontneed(ch.base.wrapping_add(start * PAGE), (p - start) * PAGE) };
         }
         self.footprint.fetch_sub((empty * PAGE) as u64, Ordering::Relaxed);
+        (empty * PAGE) as u64
     }
 
     /// Reserve `growth` bytes of footprint against the cap, atomically with respect to every
@@ -993,11 +1149,12 @@ impl ZPool {
     /// Test support: recompute the counters from the per-chunk state (quiescent pool only).
     #[cfg(test)]
     fn check_accounting(&self) {
-        let (mut footprint, mut slack, mut used) = (0u64, 0u64, 0u64);
+        let (mut footprint, mut slack, mut used, mut slot_bytes) = (0u64, 0u64, 0u64, 0u64);
         for class in self.classes.iter().filter_map(OnceLock::get) {
             let st = class.lock();
             for (i, ch) in st.chunks.iter().enumerate() {
                 used += ch.used as u64;
+                slot_bytes += ch.used as u64 * class.size as u64;
                 if ch.base.is_null() {
                     assert_eq!((ch.bump, ch.used), (0, 0));
                     continue;
@@ -1035,6 +1192,7 @@ impl ZPool {
         assert_eq!(footprint, self.footprint_bytes(), "footprint");
         assert_eq!(slack, self.slack_bytes(), "slack");
         assert_eq!(used, self.live_objects(), "live");
+        assert_eq!(slot_bytes, self.slot_bytes.load(Ordering::Relaxed), "slot bytes");
     }
 }
 
@@ -1299,6 +1457,65 @@ mod tests {
         // The churn ends with everything freed.
         pool.check_accounting();
         assert_eq!((pool.footprint_bytes(), pool.resident_bytes()), (0, 0));
+    }
+
+    /// Half of 3 000 objects of every sub-page size freed at random leave their chunks'
+    /// pages mostly held; moving each live object down (`relocate`) and trimming gives
+    /// back all but about a page per class, and every object reads back as stored.
+    #[test]
+    fn relocated_objects_keep_their_bytes_and_free_their_pages() {
+        let pool = ZPool::new(u64::MAX);
+        let mut live: Vec<(PoolHandle, u64, usize)> = (0..3000u64)
+            .map(|i| {
+                let len = 60 + (splitmix(i) % (SUB_MAX - HDR - 60) as u64) as usize;
+                (pool.store(&content(i, len)).unwrap(), i, len)
+            })
+            .collect();
+        let page_object = pool.store(&content(9999, 3 * PAGE)).unwrap();
+        live.retain(|&(h, i, _)| {
+            let keep = splitmix(i ^ 0xABCD).is_multiple_of(2);
+            if !keep {
+                pool.free(h);
+            }
+            keep
+        });
+        pool.check_accounting();
+        let before = pool.footprint_bytes();
+        let classes = live.iter().map(|&(_, _, len)| class_index(len)).collect::<std::collections::BTreeSet<_>>().len() as u64;
+        // SAFETY: `page_object` is live and used by nobody else.
+        assert_eq!(unsafe { pool.relocate(page_object) }, None, "a page-class object moved");
+        let mut moved = 0;
+        for (h, _, _) in live.iter_mut() {
+            // SAFETY: each handle is live and this thread alone uses it.
+            if let Some(new) = unsafe { pool.relocate(*h) } {
+                *h = new;
+                moved += 1;
+            }
+        }
+        assert!(moved > 0, "nothing moved");
+        for &(h, _, _) in &live {
+            // SAFETY: as above; a second pass finds every object in its chunk's prefix.
+            assert_eq!(unsafe { pool.relocate(h) }, None, "an object moved twice");
+        }
+        pool.trim();
+        pool.check_accounting();
+        let after = pool.footprint_bytes();
+        let slots: u64 = live.iter().map(|&(_, _, len)| (len + HDR).next_multiple_of(SUB_STEP) as u64).sum();
+        assert!(after < before, "trim gave nothing back: {before} -> {after}");
+        assert!(
+            after <= slots + 3 * PAGE as u64 + classes * PAGE as u64,
+            "{after} bytes held for {slots} bytes of slots in {classes} classes"
+        );
+        for &(h, i, len) in &live {
+            // SAFETY: live, used by this thread alone.
+            assert!(unsafe { pool.get(h) } == content(i, len), "object {i} changed in its move");
+        }
+        for (h, _, _) in live {
+            pool.free(h);
+        }
+        pool.free(page_object);
+        pool.check_accounting();
+        assert_eq!(pool.footprint_bytes(), pool.slack_bytes(), "only the page object's slot is kept, as slack");
     }
 
     /// The same churn from two threads at once on one pool, every object checked.
