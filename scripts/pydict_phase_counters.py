@@ -74,7 +74,7 @@ def main():
                 stats.append(stat)
                 for line in stat.stdout:
                     sample = json.loads(line)
-                    samples.append((time.monotonic(), sample["total"], sample["resident_bytes"], sample["pool_total_bytes"]))
+                    samples.append((time.monotonic(), sample["total"], sample["resident_bytes"], sample["pool_total_bytes"], sample["pool_compressed_bytes"], sample.get("pool_share_bytes") or 0))
                 if samples:
                     return
                 time.sleep(0.01)
@@ -96,7 +96,7 @@ def main():
 
     def at(when):
         last = {}
-        for stamp, total, _, _ in samples:
+        for stamp, total, *_ in samples:
             if stamp <= when:
                 last = total
         return last
@@ -106,12 +106,12 @@ def main():
         cells = [at(b + INTERVAL).get(counter, 0) - at(a).get(counter, 0) for _, a, b in phases]
         print(f"{counter:12}" + ", ".join(f"{name} {v}" for (name, _, _), v in zip(phases, cells)))
     if a.timeline:
-        print(f"t (build ends {t[2] - t[0]:.2f}, lookups {t[3] - t[0]:.2f}) | resident MiB | pool MiB | faults | written back | read from the file")
+        print(f"t (build ends {t[2] - t[0]:.2f}, lookups {t[3] - t[0]:.2f}) | resident MiB | pool MiB | of it live MiB | pool share MiB | faults | written back | read from the file")
         before = {}
-        for stamp, total, resident, pool in samples:
+        for stamp, total, resident, pool, live, share in samples:
             delta = {k: total.get(k, 0) - before.get(k, 0) for k in ("pgmajfault", "zswpwb", "pswpin")}
             before = total
-            print(f"{stamp - t[0]:.2f} | {resident / 2**20:.1f} | {pool / 2**20:.1f} | {delta['pgmajfault']} | {delta['zswpwb']} | {delta['pswpin']}")
+            print(f"{stamp - t[0]:.2f} | {resident / 2**20:.1f} | {pool / 2**20:.1f} | {live / 2**20:.1f} | {share / 2**20:.1f} | {delta['pgmajfault']} | {delta['zswpwb']} | {delta['pswpin']}")
 
 
 if __name__ == "__main__":

@@ -61,6 +61,8 @@ struct Sample {
     counters: BTreeMap<&'static str, u64>,
     resident_bytes: u64,
     pool_total_bytes: u64,
+    pool_compressed_bytes: u64,
+    pool_share_bytes: u64,
     charged_bytes: u64,
     anon_huge_bytes: u64,
     latency: LatencyHistogram,
@@ -114,6 +116,8 @@ fn ask(run: u32, pid: u32) -> Option<Sample> {
         }),
         resident_bytes: num(&memory["resident_bytes"]),
         pool_total_bytes: num(&memory["pool_total_bytes"]),
+        pool_compressed_bytes: num(&memory["pool_compressed_bytes"]),
+        pool_share_bytes: num(&memory["pool_share_bytes"]),
         charged_bytes: num(&memory["charged_bytes"]),
         anon_huge_bytes: num(&v["anon_huge_bytes"]),
         latency: serde_json::from_value(v["fault_latency_histogram"].clone()).unwrap_or_default(),
@@ -134,6 +138,12 @@ struct Line {
     total: BTreeMap<&'static str, u64>,
     resident_bytes: u64,
     pool_total_bytes: u64,
+    /// Of `pool_total_bytes`, the compressed objects the pool holds (the rest is free space
+    /// in pages it still holds).
+    pool_compressed_bytes: u64,
+    /// With the pool charged: the share of memory_high it may hold before writeback
+    /// (`pool_share.rs`), summed over the processes.
+    pool_share_bytes: u64,
     charged_bytes: u64,
     anon_huge_bytes: u64,
     /// Of the resident managed memory, the share mapped as transparent huge pages.
@@ -160,6 +170,8 @@ impl Line {
             }
             line.resident_bytes += s.resident_bytes;
             line.pool_total_bytes += s.pool_total_bytes;
+            line.pool_compressed_bytes += s.pool_compressed_bytes;
+            line.pool_share_bytes += s.pool_share_bytes;
             line.charged_bytes += s.charged_bytes;
             line.anon_huge_bytes += s.anon_huge_bytes;
             line.remote.extend(s.remote.clone());
