@@ -42,6 +42,9 @@
 //! a datagram is sent whole. A write to a regular file larger than a chunk is therefore
 //! several writes, no longer atomic against other writers of the same file.
 //!
+//! An `fread` or `fwrite` shorter than the stream's buffer goes through that buffer, in
+//! user mode, and is passed on as it is (`through_buffer_below`).
+//!
 //! Whether a buffer holds managed memory is asked of the engine's address map without
 //! blocking (`kernel_buffer_probe`): a signal handler that writes to a pipe from its
 //! stack never waits on a lock here. When the map is busy the call is made as it is (a
@@ -796,7 +799,11 @@ unsafe fn stdio(
     direct: impl FnOnce() -> size_t,
 ) -> size_t {
     let Some(total) = size.checked_mul(n) else { return direct() };
-    if !active() || total == 0 || kernel_buffer_probe(buf.cast(), total) == KernelBuffer::Unaffected {
+    // SAFETY: per the function contract.
+    if !active() || total == 0 || total < unsafe { through_buffer_below(stream) } {
+        return direct();
+    }
+    if kernel_buffer_probe(buf.cast(), total) == KernelBuffer::Unaffected {
         return direct();
     }
     let chunk = CHUNK.load(Ordering::Relaxed);
@@ -828,6 +835,35 @@ unsafe fn stdio(
         done += len;
     }
     n
+}
+
+extern "C" {
+    /// The size of the stream's buffer, 0 before stdio has given it one (`stdio_ext.h`;
+    /// glibc and musl).
+    fn __fbufsize(stream: *mut FILE) -> size_t;
+}
+
+/// Transfers shorter than this go through the stream's own buffer, never straight
+/// between the caller's memory and the kernel: glibc's `_IO_file_xsputn` and
+/// `_IO_file_xsgetn` copy between the two buffers in user mode (where the engine serves
+/// the faults, as for any access of the program's) and call write(2) or read(2) on the
+/// caller's memory only for whole blocks of the buffer's size, or for any length where
+/// the buffer is under 128 bytes (an unbuffered stream's is one byte). 0 where the
+/// stream has no buffer yet. GNU sort writes its output a line at a time with fwrite:
+/// made resident first, every line cost a page's `mincore` and an address-map lookup,
+/// 1.04 million of them at 59M, and signal mode took 1.42 times the default's time
+/// (BENCHMARKS.md, "Small stdio transfers").
+///
+/// # Safety
+/// `stream` must be a valid FILE.
+unsafe fn through_buffer_below(stream: *mut FILE) -> size_t {
+    // SAFETY: per the function contract.
+    let size = unsafe { __fbufsize(stream) };
+    if size >= 128 {
+        size
+    } else {
+        0
+    }
 }
 
 /// # Safety
