@@ -48,6 +48,15 @@ pub(crate) fn kswapd(mm: Arc<Mm>) {
             mm.reclaim.sleep(Duration::from_millis(nap));
             continue;
         }
+        // A process that shared the limit and died without giving its charge back: take
+        // its share back before evicting anything of ours for it. (A fault that finds
+        // nothing of its own to reclaim does too, `charge::reserve`; while there is
+        // something, that alone left a dead share standing for good.)
+        if let Some(shared) = mm.memcg.shared() {
+            if shared.reap_dead() > 0 {
+                continue;
+            }
+        }
         while !stopping() && mm.memcg.above_low(mm.tiers.pool_bytes()) {
             if compact_pool_if_due(&mm) > 0 {
                 continue;
