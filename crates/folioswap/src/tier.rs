@@ -206,11 +206,17 @@ impl PoolLru {
     pub fn len(&self) -> usize {
         self.entries.lock().unwrap().len()
     }
-    /// The queued entries as they are now, oldest first (some of them stale), for a pass
-    /// that must not hold the queue while it locks folios (`compact.rs`).
-    pub fn snapshot(&self) -> Vec<PoolLruEntry> {
+    /// Up to `max` queued entries from position `from`, oldest first (some of them
+    /// stale), for a pass that must not hold the queue while it locks folios
+    /// (`compact.rs`). Between two calls the queue moves (pops at the front, pushes at
+    /// the back), so a pass in slices may see an entry twice or miss one.
+    pub fn slice(&self, from: usize, max: usize) -> Vec<PoolLruEntry> {
         let entries = self.entries.lock().unwrap();
-        entries.iter().map(|e| PoolLruEntry { table: e.table.clone(), page: e.page, order: e.order, gen: e.gen }).collect()
+        entries
+            .range(from.min(entries.len())..)
+            .take(max)
+            .map(|e| PoolLruEntry { table: e.table.clone(), page: e.page, order: e.order, gen: e.gen })
+            .collect()
     }
 }
 
