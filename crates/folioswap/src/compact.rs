@@ -11,7 +11,7 @@
 //! without. Neither ran faster for it beyond this host's noise.
 //!
 //! A pass, when the pool's free bytes on held pages have grown by an eighth of its
-//! footprint (at least 256 KiB) since the last pass left them (`ZPool::compaction_due`):
+//! footprint (at least 256 KiB) since the last pass left them (`ZPool::begin_compaction`):
 //!
 //! 1. copy the pool's queue of entries a slice at a time (`PoolLru::slice`), so that
 //!    stores are not held up while the pass locks folios;
@@ -26,7 +26,7 @@
 //!
 //! The background reclaimers run it (`reclaim.rs`), before they write back or evict.
 
-use crate::folio::{Kind, PENDING, SPLIT};
+use crate::folio::PENDING;
 use crate::mm::Mm;
 use crate::zswap::{CompactionPass, PoolHandle};
 use std::sync::atomic::Ordering;
@@ -47,8 +47,7 @@ pub(crate) fn compact_pool_if_due(mm: &Mm) -> u64 {
 /// One compaction pass (steps in the module's documentation). Returns the bytes given back.
 pub(crate) fn compact_pool(mm: &Mm, _pass: CompactionPass<'_>) -> u64 {
     let pool = &mm.tiers.zswap.pool;
-    let compacted = pool.compacted_bytes();
-    let mut moved = 0;
+    let (mut moved, mut freed) = (0, 0);
     let mut from = 0;
     loop {
         let slice = mm.tiers.pool_lru.slice(from, SLICE);
@@ -62,21 +61,19 @@ pub(crate) fn compact_pool(mm: &Mm, _pass: CompactionPass<'_>) -> u64 {
             }
             let e = v.table.entry(v.page);
             let Some(s) = e.try_lock() else { continue };
-            let current = s.kind() == Kind::Pool && s.gen() == v.gen && (v.order == 0 || !s.has(SPLIT)) && !s.has(PENDING);
-            if current {
+            if v.is_current(s) && !s.has(PENDING) {
                 // SAFETY: the folio is locked and still this Pool entry, so its handle is
                 // live, and every path that loads or frees it holds this lock first.
-                if let Some(new) = unsafe { pool.relocate(PoolHandle::from_raw(e.handle())) } {
+                if let Some((new, released)) = unsafe { pool.relocate(PoolHandle::from_raw(e.handle())) } {
                     e.set_handle(new.to_raw());
                     moved += 1;
+                    freed += released;
                 }
             }
             e.unlock();
         }
     }
-    pool.trim();
-    // Passes run one at a time, and only they give back through `relocate` and `trim`.
-    let freed = pool.compacted_bytes() - compacted;
+    freed += pool.trim();
     mm.counters.vm.zswap_compact_moved.add(moved);
     mm.counters.vm.zswap_pages_compacted.add(freed / crate::size::PAGE_SIZE as u64);
     freed
@@ -163,7 +160,7 @@ mod tests {
                     for _ in 0..64 {
                         shrink_one(mm, &mut scratch, Reclaimer::Kswapd);
                     }
-                    if let Some(pass) = mm.tiers.zswap.pool.begin_compaction_now() {
+                    if let Some(pass) = mm.tiers.zswap.pool.start_compaction() {
                         let before = mm.counters.vm.zswap_compact_moved.get();
                         compact_pool(mm, pass);
                         moved += mm.counters.vm.zswap_compact_moved.get() - before;

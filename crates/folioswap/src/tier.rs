@@ -30,7 +30,7 @@
 //! internal locks (documented there), never held across a call into this file.
 
 use crate::config::Config;
-use crate::folio::{Kind, LOCKED};
+use crate::folio::{Kind, State, LOCKED, SPLIT};
 use crate::lru::Lru;
 use crate::memcg::MemCg;
 use crate::pool_bypass::PoolBypass;
@@ -164,11 +164,20 @@ fn combine_page_sums(sums: &[u32]) -> u32 {
 
 /// One pool entry in the writeback FIFO; current if the folio is still Pool with the
 /// generation it was stored with.
+#[derive(Clone)]
 pub(crate) struct PoolLruEntry {
     pub table: Arc<FolioTable>,
     pub page: usize,
     pub order: u8,
     pub gen: u16,
+}
+
+impl PoolLruEntry {
+    /// Whether `s`, the state its folio has now, is still this entry's: Pool, of the
+    /// generation it was stored with, and (a large folio) not split into pages since.
+    pub fn is_current(&self, s: State) -> bool {
+        s.kind() == Kind::Pool && s.gen() == self.gen && (self.order == 0 || !s.has(SPLIT))
+    }
 }
 
 /// The pool's age order, oldest first (zswap's LRU).
@@ -212,11 +221,7 @@ impl PoolLru {
     /// the back), so a pass in slices may see an entry twice or miss one.
     pub fn slice(&self, from: usize, max: usize) -> Vec<PoolLruEntry> {
         let entries = self.entries.lock().unwrap();
-        entries
-            .range(from.min(entries.len())..)
-            .take(max)
-            .map(|e| PoolLruEntry { table: e.table.clone(), page: e.page, order: e.order, gen: e.gen })
-            .collect()
+        entries.range(from.min(entries.len())..).take(max).cloned().collect()
     }
 }
 

@@ -16,7 +16,7 @@
 
 use crate::events::apply_pending_after_store;
 use crate::evict::publish;
-use crate::folio::{Kind, State, CACHED, PENDING, SPLIT};
+use crate::folio::{Kind, State, CACHED, PENDING};
 use crate::mm::Mm;
 use crate::size::{FolioSize, HUGE_SIZE};
 use crate::tier::{Placed, PoolLruEntry, SwapOutError, WriteBatch};
@@ -153,8 +153,7 @@ fn take_oldest(mm: &Mm, max: usize) -> Vec<Taken> {
             lru.push_back(v);
             continue;
         };
-        let current = s.kind() == Kind::Pool && s.gen() == v.gen && (v.order == 0 || !s.has(SPLIT));
-        if !current {
+        if !v.is_current(s) {
             e.unlock();
             continue;
         }
@@ -242,6 +241,7 @@ fn write_taken(mm: &Mm, taken: &[Taken], buf: &mut [u8]) -> Vec<Result<Vec<Place
 pub(crate) mod tests {
     use super::*;
     use crate::evict::{shrink_one, Reclaimer};
+    use crate::folio::SPLIT;
     use crate::gate::tests::filled_region;
     use crate::gate::tests::remove;
     use crate::memcg::Component;

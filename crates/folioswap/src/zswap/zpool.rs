@@ -93,7 +93,7 @@ const SLACK_FLOOR: u64 = 8 << 20;
 /// this much (one MADV_DONTNEED, and so one TLB shootdown, per this many bytes at most).
 const SUB_RELEASE_STEP: u64 = 64 << 10;
 const SLACK_DIVISOR: u64 = 16;
-/// `compaction_due`: free bytes on held pages worth a pass, as a share of the footprint
+/// `begin_compaction`: free bytes on held pages worth a pass, as a share of the footprint
 /// and at least (a small pool is not compacted for a few pages).
 const COMPACT_DUE_FRACTION: u64 = 8;
 const COMPACT_DUE_MIN: u64 = 256 << 10;
@@ -516,10 +516,8 @@ pub struct ZPool {
     /// their class's slot).
     slot_bytes: AtomicU64,
     /// `fragmented_bytes` as the last `trim` left them, or lower where frees and stores
-    /// brought them lower since: the baseline of `compaction_due`.
+    /// brought them lower since: the baseline of `begin_compaction`.
     compacted_to: AtomicU64,
-    /// What `compacted_bytes` reports.
-    compacted: AtomicU64,
     /// A compaction pass is running (`begin_compaction`): one at a time.
     compacting: AtomicBool,
 }
@@ -568,7 +566,6 @@ impl ZPool {
             slack: AtomicU64::new(0),
             slot_bytes: AtomicU64::new(0),
             compacted_to: AtomicU64::new(0),
-            compacted: AtomicU64::new(0),
             compacting: AtomicBool::new(false),
         }
     }
@@ -740,14 +737,15 @@ impl ZPool {
     /// lies below it: zsmalloc's compaction, which moves objects out of sparse pages into
     /// others of their class. Once every such object of a chunk has moved, its live objects
     /// fill its first slots and `trim` gives back the pages above them. Returns the
-    /// object's new handle; `None` where it stays: a page-class object (those are released
+    /// object's new handle and the bytes the move gave back (net of a page it took
+    /// again); `None` where it stays: a page-class object (those are released
     /// page by page as they are freed), one already in the prefix, or one whose move would
     /// take the footprint past the cap (the free slot lies on a page given back).
     ///
     /// # Safety
     /// `h` is live, and nobody reads or frees it during the call (the caller holds its
     /// owner's lock). On `Some`, `h` is dead and the object lives on under the new handle.
-    pub unsafe fn relocate(&self, h: PoolHandle) -> Option<PoolHandle> {
+    pub unsafe fn relocate(&self, h: PoolHandle) -> Option<(PoolHandle, u64)> {
         let (ci, chunk, slot) = h.decode();
         let class = self.classes.get(ci).and_then(OnceLock::get).expect("invalid pool handle");
         if class.page_sized {
@@ -783,8 +781,7 @@ impl ZPool {
         unsafe { header(dst) }.store(HDR_LIVE | len as u32, Ordering::Release);
         from.store(HDR_FREE, Ordering::Relaxed);
         let released = self.free_sub_slot(class, st, chunk, slot);
-        self.compacted.fetch_add(released.saturating_sub(growth), Ordering::Relaxed);
-        Some(PoolHandle::new(ci, chunk, to))
+        Some((PoolHandle::new(ci, chunk, to), released.saturating_sub(growth)))
     }
 
     /// Give back every whole page of the sub-page chunks that holds no live object, above
@@ -800,32 +797,25 @@ impl ZPool {
             }
         }
         self.compacted_to.store(self.fragmented_bytes(), Ordering::Relaxed);
-        self.compacted.fetch_add(released, Ordering::Relaxed);
         released
     }
 
-    /// Bytes given back by compaction so far (`relocate` and `trim`), net of the pages a
-    /// move took again.
-    pub fn compacted_bytes(&self) -> u64 {
-        self.compacted.load(Ordering::Relaxed)
-    }
-
-    /// Test support: start a pass whether or not one is due (still one at a time).
-    #[cfg(test)]
-    pub fn begin_compaction_now(&self) -> Option<CompactionPass<'_>> {
+    /// Start a compaction pass whether or not one is due, unless one is running. The pass
+    /// ends when the guard drops.
+    pub fn start_compaction(&self) -> Option<CompactionPass<'_>> {
         (!self.compacting.swap(true, Ordering::Acquire)).then_some(CompactionPass { pool: self })
     }
 
     /// Start a compaction pass (`compact.rs`) if none is running and the free bytes on held
     /// pages have grown by an eighth of the footprint (at least 256 KiB) since the last
-    /// `trim` left them (or since they were last lower). The pass ends when the guard drops.
+    /// `trim` left them (or since they were last lower).
     pub fn begin_compaction(&self) -> Option<CompactionPass<'_>> {
         let fragmented = self.fragmented_bytes();
         let base = self.compacted_to.fetch_min(fragmented, Ordering::Relaxed).min(fragmented);
         if fragmented < base + COMPACT_DUE_MIN.max(self.footprint_bytes() / COMPACT_DUE_FRACTION) {
             return None;
         }
-        (!self.compacting.swap(true, Ordering::Acquire)).then_some(CompactionPass { pool: self })
+        self.start_compaction()
     }
 
     /// Bytes of the footprint in no live object's slot and not releasable slack: the free
@@ -1487,7 +1477,7 @@ mod tests {
         let mut moved = 0;
         for (h, _, _) in live.iter_mut() {
             // SAFETY: each handle is live and this thread alone uses it.
-            if let Some(new) = unsafe { pool.relocate(*h) } {
+            if let Some((new, _)) = unsafe { pool.relocate(*h) } {
                 *h = new;
                 moved += 1;
             }
