@@ -204,8 +204,9 @@ pub fn run(args: RunArgs) -> Result<std::process::ExitCode, String> {
         let _ = std::fs::remove_dir_all(&dir);
         let report = report?;
         if !args.quiet {
-            summarise(&report, &config);
+            summarise(&report, &config, threshold);
         }
+        warn_if_unbounded(&report, &config, threshold);
         if let Some(path) = &args.stats_json {
             let text = serde_json::to_string_pretty(&report).expect("json");
             std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
@@ -249,12 +250,45 @@ fn collect(dir: &Path) -> Result<Value, String> {
     Ok(json!({"processes": per_process.len(), "total": total, "per_process": per_process}))
 }
 
-fn summarise(report: &Value, config: &Config) {
+/// Memory outside the engine that `warn_if_unbounded` lets pass: the library's own heap,
+/// the engine's tables and stacks, and the small blocks a program keeps beside its
+/// managed ones (CPython: about 4 MiB) stay under it.
+const OUTSIDE_ALLOWANCE: u64 = 32 << 20;
+
+/// Say so where memory_high did not bound the program: one of its processes held more
+/// anonymous memory outside the engine than the allowance and a quarter of the limit
+/// (`unmanaged_anon_peak_bytes`; the largest process's, since the sum over processes that
+/// come and go would count memory never held at once). Printed even with `--quiet`: it is
+/// a warning, not the summary.
+fn warn_if_unbounded(report: &Value, config: &Config, threshold: u64) {
+    let Some(high) = config.memory_high else { return };
+    let processes = report["per_process"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let outside = processes.iter().filter_map(|p| p["stats"]["unmanaged_anon_peak_bytes"].as_u64()).max().unwrap_or(0);
+    if outside <= OUTSIDE_ALLOWANCE.max(high / 4) {
+        return;
+    }
+    eprintln!(
+        "folioswap: warning: a process of the program held up to {} MiB of anonymous memory that folioswap did not manage, which memory_high {} does not bound. \
+         Only blocks and anonymous read-write mmaps of --threshold {} and up are managed: a heap of smaller blocks (perl, SQLite's page cache) \
+         or memory reserved PROT_NONE and committed later (the JVM, V8) stays outside (README, \"Running unmodified programs\")",
+        outside >> 20,
+        format_bytes(high),
+        format_bytes(threshold)
+    );
+}
+
+fn summarise(report: &Value, config: &Config, threshold: u64) {
     let total = &report["total"];
     let n = |k: &str| total[k].as_u64().unwrap_or(0);
     let pages = |k: &str| format!("{k} {} ({})", n(k), format_bytes(n(k) * 4096));
     let limit = config.memory_high.map(|m| format!("memory_high {} shared", format_bytes(m))).unwrap_or("no memory_high".into());
     eprintln!("folioswap: {} process(es) managed memory, {limit}, {} folios", report["processes"], config.folio_size);
+    if report["processes"].as_u64() == Some(0) && config.memory_high.is_some() {
+        eprintln!(
+            "  so memory_high bounded nothing: no process allocated a block of --threshold {} or more through libfolioswap.so (a statically linked program, Go's for one, never loads it)",
+            format_bytes(threshold)
+        );
+    }
     eprintln!("  out: {}, {}", pages("zswpout"), pages("pswpout"));
     eprintln!("  in:  {}, {}", pages("zswpin"), pages("pswpin"));
     eprintln!(

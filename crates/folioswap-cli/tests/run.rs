@@ -529,6 +529,8 @@ fn python_bytearray_under_run() {
     assert_eq!(run.stdout.trim(), digest, "the digest differs from the run without folioswap\n{}", run.describe());
     run.assert_total_positive("zswpout");
     run.assert_woken_at_idle_priority();
+    // Its buffer is managed: what the interpreter keeps outside stays under the allowance.
+    assert!(!run.stderr.contains(UNBOUNDED_WARNING), "a warning for a program whose memory is managed\n{}", run.describe());
 }
 
 /// Blocks of 1 MiB, such as CPython's arenas, under a 2 MiB cap (`--folio 2M`): each is a
@@ -717,6 +719,44 @@ fn crash_leaves_no_swap_file() {
             run.describe()
         );
     }
+}
+
+/// The words of the warning `folioswap run` gives where memory_high did not bound the
+/// program (`warn_if_unbounded`).
+const UNBOUNDED_WARNING: &str = "of anonymous memory that folioswap did not manage";
+
+/// A heap of blocks under the 1 MiB threshold stays outside the engine: the run says that
+/// memory_high did not bound it (even with `--quiet`), once, with the amount, which the
+/// stats carry as `unmanaged_anon_peak_bytes`; every word of the small blocks and of the
+/// managed one reads back. A program that allocates nothing managed is told that the limit
+/// bounded nothing.
+#[test]
+fn memory_outside_the_engine_is_reported() {
+    let _serial = serial();
+    let prog = test_program("small_blocks");
+    let dir = TempDir::new("outside");
+    let stats = dir.join("stats.json");
+    // 96 blocks of 512 KiB (48 MiB) outside, 4 MiB managed, under a 16M limit.
+    let run = under(&["--quiet", "--memory-high", "16M"], Some(&stats), &[s(&prog), "96", "4"]);
+    run.assert_success();
+    assert_eq!(run.figure("BAD "), 0, "words read back differ\n{}", run.describe());
+    assert_eq!(
+        run.stderr.matches(UNBOUNDED_WARNING).count(),
+        1,
+        "no single warning that memory_high did not bound the blocks\n{}",
+        run.describe()
+    );
+    let outside = run.total("unmanaged_anon_peak_bytes");
+    assert!(
+        outside >= 48 << 20,
+        "48 MiB of small blocks held at exit, {} MiB counted outside the engine\n{}",
+        outside >> 20,
+        run.describe()
+    );
+
+    let run = under(&["--memory-high", "16M"], None, &["true"]);
+    run.assert_success();
+    assert!(run.stderr.contains("memory_high bounded nothing"), "a run that managed nothing does not say so\n{}", run.describe());
 }
 
 /// Bad option values and a missing program fail with a message, and don't run anything.

@@ -23,6 +23,8 @@
 //!   mode (a thread that blocks it would be killed at its first swap-in);
 //! - `capi`: `folioswap_map` and the rest of the C API;
 //! - `stat_server`: the live counters `folioswap stat` asks each process for;
+//! - `outside`: the program's anonymous memory the engine does not manage, sampled, for
+//!   the warning `folioswap run` gives where memory_high did not bound it;
 //! - `threads`: the program's threads, registered with the engine at their first
 //!   allocation so that a fault thread can read the CPU each one faulted on.
 //!
@@ -39,6 +41,7 @@ mod alloc;
 mod capi;
 mod inside;
 mod interpose;
+mod outside;
 mod sigmask;
 mod stat_server;
 mod state;

@@ -113,6 +113,9 @@ impl State {
                         crate::sigmask::signal_mode_on();
                     }
                     within(|| crate::stat_server::start(&e, managed_ranges));
+                    if INTERPOSE.load(Ordering::Relaxed) && e.config().memory_high.is_some() {
+                        within(|| crate::outside::start(&e));
+                    }
                     self.engine = Some(e);
                 }
                 Err(e) if INTERPOSE.load(Ordering::Relaxed) => {
@@ -186,9 +189,19 @@ impl State {
         true
     }
 
+    /// The engine's counters as JSON, with `unmanaged_anon_peak_bytes` (`outside`) where
+    /// this process sampled it.
     pub fn stats_json(&mut self) -> Result<Option<String>, engine::Error> {
         let Some(engine) = self.engine()? else { return Ok(None) };
-        Ok(Some(serde_json::to_string(&engine.stats()).expect("stats serialise")))
+        let mut stats = serde_json::to_value(engine.stats()).expect("stats serialise");
+        if crate::outside::peak().is_some() {
+            // At exit: what the program still holds is counted even if no sample caught it.
+            within(|| crate::outside::sample(engine));
+        }
+        if let (Some(peak), Some(fields)) = (crate::outside::peak(), stats.as_object_mut()) {
+            fields.insert("unmanaged_anon_peak_bytes".into(), peak.into());
+        }
+        Ok(Some(serde_json::to_string(&stats).expect("stats serialise")))
     }
 }
 
@@ -231,6 +244,7 @@ extern "C" fn fork_child() {
         // The parent's engine and regions are not ours to run or release.
         crate::syscalls::engine_gone();
         crate::stat_server::forget_in_child();
+        crate::outside::in_child();
         within(crate::threads::in_child);
         std::mem::forget(state.engine.take());
         for block in state.blocks.values_mut() {

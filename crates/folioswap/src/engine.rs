@@ -453,6 +453,13 @@ impl Engine {
         stats(&self.mm)
     }
 
+    /// Bytes of this process's memory the engine holds now: what it charges (resident
+    /// managed memory, the swap cache, populated staging) plus the pool's footprint,
+    /// charged or not. Cheap (a few atomic loads), for callers that sample it often.
+    pub fn held_bytes(&self) -> u64 {
+        self.mm.memcg.usage(0) + self.mm.tiers.zswap.pool.footprint_bytes()
+    }
+
     /// What the trace ring (feature `trace`, `trace.rs`) holds for the managed page at
     /// `addr`, oldest first: changes to its entry and to its folio's head entry, and the
     /// events read over it. Empty for an address no region holds. Any engine answers for
