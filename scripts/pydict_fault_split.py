@@ -40,9 +40,8 @@ lib.free.argtypes = [ctypes.c_void_p]
 def reading():
     t = time.monotonic()
     p = lib.folioswap_stats_json()
-    stats = json.loads(ctypes.string_at(p).decode())
+    s = json.loads(ctypes.string_at(p).decode())
     lib.free(p)
-    s = stats["per_process"][0]["stats"] if stats.get("per_process") else stats
     lat = s["fault_latency"] or {}
     sizes = {k: [v["count"], v["count"] * v["mean_us"]] for k, v in lat.items() if k.endswith("kB")}
     return {"t": t, "sizes": sizes, "direct": s["pgsteal_direct"]}

@@ -46,15 +46,20 @@ pub fn start(engine: &Engine) {
 }
 
 /// Take one sample: raise the peak if the memory outside the engine is above it.
-pub fn sample(engine: &Engine) {
+fn sample(engine: &Engine) {
     if let Some(anon) = anon_resident_bytes() {
         PEAK.fetch_max(anon.saturating_sub(engine.held_bytes()), Ordering::Relaxed);
     }
 }
 
-/// The most anonymous memory seen outside the engine, if this process sampled it.
-pub fn peak() -> Option<u64> {
-    STARTED.load(Ordering::Acquire).then(|| PEAK.load(Ordering::Relaxed))
+/// The most anonymous memory seen outside the engine, a sample taken now included (at
+/// exit: all the program still holds), if this process samples it.
+pub fn peak_now(engine: &Engine) -> Option<u64> {
+    if !STARTED.load(Ordering::Acquire) {
+        return None;
+    }
+    within(|| sample(engine));
+    Some(PEAK.load(Ordering::Relaxed))
 }
 
 /// In a forked child: the parent's sampler did not come across the fork, and the child's

@@ -194,11 +194,7 @@ impl State {
     pub fn stats_json(&mut self) -> Result<Option<String>, engine::Error> {
         let Some(engine) = self.engine()? else { return Ok(None) };
         let mut stats = serde_json::to_value(engine.stats()).expect("stats serialise");
-        if crate::outside::peak().is_some() {
-            // At exit: what the program still holds is counted even if no sample caught it.
-            within(|| crate::outside::sample(engine));
-        }
-        if let (Some(peak), Some(fields)) = (crate::outside::peak(), stats.as_object_mut()) {
+        if let (Some(peak), Some(fields)) = (crate::outside::peak_now(engine), stats.as_object_mut()) {
             fields.insert("unmanaged_anon_peak_bytes".into(), peak.into());
         }
         Ok(Some(serde_json::to_string(&stats).expect("stats serialise")))
